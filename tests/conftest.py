@@ -1,0 +1,21 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+STUBS = Path(__file__).parent / "stubs"
+
+# The stand-in dlinfer, for this process and for the worker processes tests spawn.
+sys.path.insert(0, str(STUBS))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH")) if p)
+# Tests choose their vendor explicitly; an inherited activation would leak into them.
+os.environ.pop("VENDOR_GRAPH_VENDOR", None)
+
+
+@pytest.fixture(autouse=True)
+def _no_vendor_left_active():
+    yield
+    import vendor_graph
+
+    vendor_graph.uninstall()
