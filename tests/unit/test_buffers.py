@@ -1,0 +1,297 @@
+"""BufferSpec behaviour on synthetic decode steps shaped like each vendor's lmdeploy metadata."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.version import Version
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vendor_graph.buffers import (
+    BATCH,
+    BufferField,
+    BufferSpec,
+    GraphInputsChanged,
+    Placement,
+    Ref,
+)
+from vendor_graph.compat import LmdeployApi
+from vendor_graph.specs.ascend import ascend_spec
+from vendor_graph.specs.cuda_style import camb_spec, maca_spec
+
+API_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
+API_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)
+BLOCK = 16
+NUM_BLOCKS = 6
+
+SPECS = {
+    "ascend-0.17": ascend_spec(API_017),
+    "ascend-0.18": ascend_spec(API_018),
+    "camb-0.17": camb_spec(API_017),
+    "maca-0.17": maca_spec(API_017),
+}
+
+
+def graph_meta(batch, query_len=1):
+    return SimpleNamespace(max_batchs=batch, max_tokens=batch * query_len, num_blocks=NUM_BLOCKS, device="cpu",
+                           decode_query_len=query_len, input_buffers=None, is_ssm=False, use_mrope=False,
+                           mla_index_topk=None)
+
+
+def decode_step(name, batch, blocks, seed=0):
+    """One decode step's (model inputs, attn_metadata, context) as lmdeploy hands them to a vendor."""
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randint(1, blocks * BLOCK + 1, (batch,), generator=g, dtype=torch.int32)
+    table = torch.randint(1, 50, (batch, blocks), generator=g, dtype=torch.int32)
+    slots = (table[torch.arange(batch), ((kv - 1) // BLOCK).long()] * BLOCK + (kv - 1) % BLOCK).to(torch.int32)
+    inputs = {"input_ids": torch.randint(0, 1000, (1, batch), generator=g),
+              "position_ids": (kv - 1).long().view(1, -1)}
+    context = SimpleNamespace(kv_seqlens=kv.clone(), q_seqlens=torch.ones(batch, dtype=torch.int32),
+                              q_start_loc=torch.arange(batch, dtype=torch.int64), block_offsets=table,
+                              local_adapter_ids=None, moe_metadata=None)
+    attn = SimpleNamespace(block_offsets=table, kv_start_indices=slots, block_size=BLOCK, attention_mask=[],
+                           cache_seqlens=None, q_start_loc=None, max_kv_seq_len=None)
+    vendor, release = name.split("-")
+    if vendor == "ascend" and release == "0.18":
+        cu = torch.arange(batch + 1, dtype=torch.int32)
+        attn.__dict__.update(kv_seqlens=kv, kv_seqlens_cpu=kv.clone(), q_seqlens=torch.ones(batch, dtype=torch.int64),
+                             cu_seqlens_q=cu, cu_seqlens_q_cpu=cu.clone(), q_start_loc=cu[:-1], max_q_seqlen=1,
+                             max_kv_seq_len=int(kv.max()))
+    elif vendor == "ascend":
+        attn.__dict__.update(kv_seqlens=kv.clone(), q_seqlens=torch.arange(1, batch + 1, dtype=torch.int32),
+                             max_q_seq_len=1)
+    else:
+        attn.__dict__.update(kv_seqlens=kv, q_seqlens=torch.ones(batch, dtype=torch.int64),
+                             q_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+                             max_q_seq_len=1, max_kv_seq_len=int(kv.max()))
+        if vendor == "maca":
+            attn.kv_start_indices = slots.long().view(-1, 1)
+    return inputs, attn, context
+
+
+def capture(spec, name, graph_batch, batch, blocks=3, seed=0):
+    meta = graph_meta(graph_batch)
+    inputs, attn, ctx = decode_step(name, batch, blocks, seed)
+    meta.input_buffers = spec.make(meta, inputs, attn)
+    new_inputs = spec.fill(meta, inputs, attn)
+    spec.bind_context(meta, ctx)
+    return meta, new_inputs, attn, ctx
+
+
+def step(spec, meta, name, batch, blocks=3, seed=0):
+    inputs, attn, ctx = decode_step(name, batch, blocks, seed)
+    new_inputs = spec.fill(meta, inputs, attn)
+    spec.bind_context(meta, ctx)
+    return new_inputs, attn, ctx
+
+
+def snapshot(meta):
+    return {k: v.clone() for k, v in meta.input_buffers.items()}
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_batch_3_after_7_leaves_no_stale_row(name):
+    spec = SPECS[name]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=7, blocks=5, seed=1)
+    step(spec, meta, name, batch=7, blocks=5, seed=2)
+    _, attn, ctx = step(spec, meta, name, batch=3, blocks=2, seed=3)
+
+    fresh, *_ = capture(spec, name, graph_batch=8, batch=3, blocks=2, seed=3)
+    after = snapshot(meta)
+    for key, tensor in snapshot(fresh).items():
+        assert torch.equal(after[key], tensor), f"{name}: {key} differs from a fresh fill of batch 3"
+
+    # And spelled out for what attention reads: padding rows write no KV slot and read block 0 only.
+    assert (attn.kv_start_indices[3:] == -1).all()
+    assert attn.kv_start_indices.shape[0] == 8
+    assert (attn.block_offsets[3:] == 0).all() and (attn.block_offsets[:3, 2:] == 0).all()
+    assert attn.block_offsets is ctx.block_offsets
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_everything_bound_is_padded_to_the_graph_batch(name):
+    spec = SPECS[name]
+    meta, new_inputs, attn, ctx = capture(spec, name, graph_batch=16, batch=5)
+    assert new_inputs["input_ids"].shape == (1, 16) and new_inputs["position_ids"].shape == (1, 16)
+    for f in spec.fields:
+        tensor = meta.input_buffers.get(f.name)
+        if tensor is None:
+            continue
+        rows = tensor.shape[f.row_dim]
+        assert rows in (16, 17), f"{f.name} has {rows} rows"
+        for ref in f.bind:
+            root = {"attn": attn, "context": ctx, "kwarg": new_inputs}[ref.kind]
+            assert ref.get(root) is tensor, f"{ref} is not bound to buffer {f.name}"
+
+
+def test_ascend_host_seqlens_stay_on_the_host_and_match_live_values():
+    for name in ("ascend-0.17", "ascend-0.18"):
+        spec = SPECS[name]
+        meta, _, attn, _ = capture(spec, name, graph_batch=8, batch=5)
+        inputs, live_attn, _ = decode_step(name, 6, 3, seed=9)
+        live = (live_attn.kv_seqlens_cpu if name.endswith("0.18") else live_attn.kv_seqlens).tolist()
+        spec.fill(meta, inputs, live_attn)
+        host = meta.input_buffers["kv_seqlens"]
+        assert spec.field("kv_seqlens").placement is Placement.HOST and host.device.type == "cpu"
+        assert host.tolist() == live + [0, 0]
+    _, _, attn, _ = capture(SPECS["ascend-0.17"], "ascend-0.17", graph_batch=8, batch=5)
+    assert attn.max_kv_seq_len is None  # 0.17 decode: no frozen max
+    meta, _, attn, _ = capture(SPECS["ascend-0.18"], "ascend-0.18", graph_batch=8, batch=5)
+    assert attn.max_kv_seq_len == NUM_BLOCKS * BLOCK  # the cap, right for every replay
+    assert attn.cu_seqlens_q_cpu.tolist() == list(range(9)) and attn.cu_seqlens_q_cpu.device.type == "cpu"
+
+
+@pytest.mark.parametrize("name", ["camb-0.17", "maca-0.17"])
+def test_camb_maca_max_lengths_are_derived_not_frozen(name):
+    _, _, attn, _ = capture(SPECS[name], name, graph_batch=8, batch=5)
+    assert attn.max_kv_seq_len == -1 and attn.max_q_seq_len == -1
+
+
+def test_maca_kv_start_indices_layout():
+    meta, _, attn, _ = capture(SPECS["maca-0.17"], "maca-0.17", graph_batch=8, batch=5)
+    assert attn.kv_start_indices.shape == (8, 1) and attn.kv_start_indices.dtype == torch.int64
+    camb_meta, _, camb_attn, _ = capture(SPECS["camb-0.17"], "camb-0.17", graph_batch=8, batch=5)
+    assert camb_attn.kv_start_indices.shape == (8,) and camb_attn.kv_start_indices.dtype == torch.int32
+
+
+def test_index_dtypes_are_converted_into_the_buffer():
+    spec = SPECS["camb-0.17"]
+    meta, *_ = capture(spec, "camb-0.17", graph_batch=8, batch=5)
+    inputs, attn, ctx = decode_step("camb-0.17", 4, 3, seed=4)
+    attn.kv_start_indices = attn.kv_start_indices.long()
+    attn.block_offsets = attn.block_offsets.long()
+    spec.fill(meta, inputs, attn)
+    assert attn.kv_start_indices.dtype == torch.int32 and attn.block_offsets.dtype == torch.int32
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in ("slice", "select", "view", "detach", "alias", "lift_fresh"):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_fill_costs_one_copy_per_sourced_field_and_resets_only_shrunk_tails(name):
+    spec = SPECS[name]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=7, blocks=4)
+    sourced = [f for f in spec.fields if not f.is_static and f.name in meta.input_buffers]
+    with OpCounter() as steady:
+        step(spec, meta, name, batch=7, blocks=4, seed=5)
+    assert steady.ops.count("copy_") == len(sourced) and "fill_" not in steady.ops, steady.ops
+    with OpCounter() as shrink:
+        step(spec, meta, name, batch=3, blocks=4, seed=6)
+    shrunk_fills = shrink.ops.count("fill_")
+    assert shrink.ops.count("copy_") == len(sourced)
+    assert 0 < shrunk_fills <= len(sourced)
+
+
+def test_inputs_that_appear_or_vanish_after_capture_are_refused():
+    name, spec = "ascend-0.17", SPECS["ascend-0.17"]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=5)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    inputs["inputs_embeds"] = torch.zeros(1, 5, 4)
+    with pytest.raises(GraphInputsChanged, match="captured without kwarg.inputs_embeds"):
+        spec.fill(meta, inputs, attn)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    ctx.moe_metadata = SimpleNamespace(x_active_mask=torch.ones(5, dtype=torch.bool))
+    spec.fill(meta, inputs, attn)
+    with pytest.raises(GraphInputsChanged, match="captured without context.moe_metadata.x_active_mask"):
+        spec.bind_context(meta, ctx)
+
+
+def test_a_batch_routed_to_a_smaller_graph_is_refused():
+    name, spec = "camb-0.17", SPECS["camb-0.17"]
+    meta, *_ = capture(spec, name, graph_batch=4, batch=4)
+    inputs, attn, _ = decode_step(name, 5, 3)
+    with pytest.raises(GraphInputsChanged, match="looked up by padded batch"):
+        spec.fill(meta, inputs, attn)
+
+
+def test_optional_inputs_present_at_capture_are_made_and_padded():
+    name, spec = "ascend-0.17", SPECS["ascend-0.17"]
+    meta = graph_meta(8)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    inputs["inputs_embeds"] = torch.ones(1, 5, 4, dtype=torch.bfloat16)
+    ctx.moe_metadata = SimpleNamespace(x_active_mask=torch.ones(5, dtype=torch.bool))
+    ctx.local_adapter_ids = torch.full((5,), 3)
+    meta.input_buffers = spec.make(meta, inputs, attn)
+    new_inputs = spec.fill(meta, inputs, attn)
+    spec.bind_context(meta, ctx)
+    assert new_inputs["inputs_embeds"].shape == (1, 8, 4) and new_inputs["inputs_embeds"].dtype == torch.bfloat16
+    assert ctx.moe_metadata.x_active_mask.tolist() == [True] * 5 + [False] * 3
+    assert ctx.local_adapter_ids.tolist() == [3] * 5 + [0] * 3
+    assert "x_active_mask" in meta.input_buffers
+
+
+def test_ssm_and_mrope_inputs_are_required_when_the_model_has_them():
+    name, spec = "camb-0.17", SPECS["camb-0.17"]
+    meta = graph_meta(8)
+    meta.is_ssm = True
+    inputs, attn, _ = decode_step(name, 5, 3)
+    with pytest.raises(ValueError, match=r"kwarg.state_ids is required \(the model has SSM state"):
+        spec.make(meta, inputs, attn)
+    inputs["state_ids"] = torch.arange(5) + 1
+    meta.input_buffers = spec.make(meta, inputs, attn)
+    new_inputs = spec.fill(meta, inputs, attn)
+    assert new_inputs["state_ids"].tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+
+
+def test_held_attention_mask_is_the_capture_time_tensor():
+    name, spec = "ascend-0.17", SPECS["ascend-0.17"]
+    mask = torch.ones(4, 4, dtype=torch.int8)
+    meta = graph_meta(8)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    attn.attention_mask = [mask]
+    meta.input_buffers = spec.make(meta, inputs, attn)
+    spec.fill(meta, inputs, attn)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    attn.attention_mask = [mask.clone()]  # lmdeploy 0.16 builds a new mask every step
+    spec.fill(meta, inputs, attn)
+    assert attn.attention_mask[0] is mask
+
+
+def test_sparse_attention_graphs_are_refused_with_the_fix():
+    meta = graph_meta(8)
+    meta.mla_index_topk = 2048
+    inputs, attn, _ = decode_step("ascend-0.18", 5, 3)
+    with pytest.raises(NotImplementedError, match="--eager-mode"):
+        SPECS["ascend-0.18"].make(meta, inputs, attn)
+
+
+def test_spec_declarations_are_checked():
+    f = BufferField("a", (BATCH,), torch.int32, 0, bind=(Ref.attn("a"),), source=Ref.attn("a"))
+    with pytest.raises(ValueError, match="declared twice"):
+        BufferSpec("x", (f, f))
+    g = BufferField("b", (BATCH,), torch.int32, 0, bind=(Ref.attn("a"),), source=Ref.attn("b"))
+    with pytest.raises(ValueError, match="same place"):
+        BufferSpec("x", (f, g))
+    with pytest.raises(ValueError, match="bound nowhere"):
+        BufferField("c", (BATCH,), torch.int32, 0, bind=(), source=Ref.attn("c"))
+    with pytest.raises(ValueError, match="exactly one of"):
+        BufferField("d", (3,), torch.int32, 0, bind=(Ref.attn("d"),), source=Ref.attn("d"))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(name=st.sampled_from(sorted(SPECS)), graph_batch=st.sampled_from([4, 8, 16]), data=st.data())
+def test_any_fill_history_equals_a_fresh_fill(name, graph_batch, data):
+    """Property: whatever batches and block-table widths came before, the buffers after a fill are
+    exactly those of a fresh graph filled with the same step (no stale row, no stale column)."""
+    spec = SPECS[name]
+    history = data.draw(st.lists(st.tuples(st.integers(1, graph_batch), st.integers(1, NUM_BLOCKS)),
+                                 min_size=1, max_size=6))
+    meta, *_ = capture(spec, name, graph_batch, *history[0], seed=0)
+    for i, (batch, blocks) in enumerate(history[1:], start=1):
+        step(spec, meta, name, batch, blocks, seed=i)
+    last = len(history) - 1
+    fresh, *_ = capture(spec, name, graph_batch, *history[-1], seed=last)
+    after = snapshot(meta)
+    for key, tensor in snapshot(fresh).items():
+        assert torch.equal(after[key], tensor), f"{name} {history}: {key}"
