@@ -1,0 +1,29 @@
+"""Graph mode for lmdeploy on Cambricon MLU: ``import vendor_graph.camb`` before lmdeploy starts.
+
+Camb runs lmdeploy's own CUDA graph runner (torch_mlu exposes a CUDA-style graph API) with
+vendor_graph's buffers: ``kv_start_indices`` int32 over the batch, padded with -1, and
+``max_kv_seq_len`` / the max-q field set to -1 so the kernel derives them from the tensors instead of
+using the values frozen at capture.
+"""
+
+from __future__ import annotations
+
+from ..specs.cuda_style import camb_spec
+from ..vendor import VendorProfile, install
+
+PROFILE = VendorProfile(
+    name="camb",
+    op_backend_module="lmdeploy.pytorch.backends.dlinfer.camb.op_backend",
+    op_backend_class="CambOpsBackend",
+    build_spec=camb_spec,
+)
+
+
+def activate():
+    """Install vendor_graph.camb (idempotent); importing this module already did, unless undone since."""
+    return install(PROFILE)
+
+
+activate()
+
+__all__ = ["PROFILE", "activate", "camb_spec"]

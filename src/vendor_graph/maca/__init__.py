@@ -1,0 +1,28 @@
+"""Graph mode for lmdeploy on MetaX MACA: ``import vendor_graph.maca`` before lmdeploy starts.
+
+MACA runs lmdeploy's own CUDA graph runner (the MACA torch build is CUDA-compatible) with
+vendor_graph's buffers: ``kv_start_indices`` int64 shaped ``(max_batches, 1)``, padded with -1, and
+the max-length ints at -1 (lmdeploy's MACA backend already passes -1 when decoding; kept explicit).
+"""
+
+from __future__ import annotations
+
+from ..specs.cuda_style import maca_spec
+from ..vendor import VendorProfile, install
+
+PROFILE = VendorProfile(
+    name="maca",
+    op_backend_module="lmdeploy.pytorch.backends.dlinfer.maca.op_backend",
+    op_backend_class="MacaOpsBackend",
+    build_spec=maca_spec,
+)
+
+
+def activate():
+    """Install vendor_graph.maca (idempotent); importing this module already did, unless undone since."""
+    return install(PROFILE)
+
+
+activate()
+
+__all__ = ["PROFILE", "activate", "maca_spec"]

@@ -1,0 +1,139 @@
+"""A vendor as a small parameterisation of shared parts: its buffer spec and its runner builder.
+
+:func:`install` turns a :class:`VendorProfile` into patches on lmdeploy: the three ``CudaGraphMixin``
+buffer methods derived from the vendor's :class:`~vendor_graph.buffers.BufferSpec`, and a wrapper
+around the vendor op backend's ``build_graph_runner`` that checks ownership where the runner is built
+and gives the runner an ownership check before every capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import compat, patching
+from .buffers import BufferSpec
+from .compat import LmdeployApi
+
+logger = logging.getLogger("vendor_graph")
+
+
+@dataclass(frozen=True)
+class VendorProfile:
+    name: str
+    # lmdeploy's op backend for this vendor: module and class whose build_graph_runner we wrap.
+    op_backend_module: str
+    op_backend_class: str
+    build_spec: Callable[[LmdeployApi], BufferSpec]
+    # Builds the graph runner; receives lmdeploy's original builder and its arguments.
+    build_runner: Callable[..., Any] | None = None
+
+    @functools.cached_property
+    def spec(self) -> BufferSpec:
+        return self.build_spec(compat.lmdeploy_api())
+
+
+def _model_inputs(input_ids, position_ids, inputs_embeds, kwargs) -> dict[str, Any]:
+    inputs = dict(kwargs)
+    inputs["input_ids"] = input_ids
+    inputs["position_ids"] = position_ids
+    if inputs_embeds is not None:
+        inputs["inputs_embeds"] = inputs_embeds
+    return inputs
+
+
+def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
+    """The ``CudaGraphMixin`` methods for ``profile``, all three reading the same spec."""
+
+    def make_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
+                               inputs_embeds=None, **kwargs):
+        inputs = _model_inputs(input_ids, position_ids, inputs_embeds, kwargs)
+        return profile.spec.make(graph_meta, inputs, attn_metadata)
+
+    def fill_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
+                               inputs_embeds=None, **kwargs):
+        inputs = _model_inputs(input_ids, position_ids, inputs_embeds, kwargs)
+        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)
+        new_inputs["past_key_values"] = past_key_values
+        new_inputs["attn_metadata"] = attn_metadata
+        return new_inputs
+
+    def update_context_cudagraph(self, graph_meta, context):
+        profile.spec.bind_context(graph_meta, context)
+
+    methods = {
+        "make_buffers_cudagraph": make_buffers_cudagraph,
+        "fill_buffers_cudagraph": fill_buffers_cudagraph,
+        "update_context_cudagraph": update_context_cudagraph,
+    }
+    for name, fn in methods.items():
+        fn.__qualname__ = name
+        fn.__module__ = f"vendor_graph.{profile.name}"
+        fn.__doc__ = f"vendor_graph.{profile.name}: {name.replace('_cudagraph', '')} from the vendor's BufferSpec."
+    return methods
+
+
+@functools.cache
+def _guarded_class(runner_cls: type) -> type:
+    """A subclass of ``runner_cls`` whose calls first check that our buffer methods are in force."""
+
+    def __call__(self, **kwargs):
+        patching.ensure_owned("before a graph step")
+        return runner_cls.__call__(self, **kwargs)
+
+    return type(runner_cls.__name__, (runner_cls,), {"__call__": __call__, "__module__": runner_cls.__module__,
+                                                     "_vendor_graph_guarded": True})
+
+
+def guard_runner(runner: Any) -> Any:
+    """Give ``runner`` the ownership check before each step (every capture happens inside a step)."""
+    if not getattr(type(runner), "_vendor_graph_guarded", False):
+        runner.__class__ = _guarded_class(type(runner))
+    return runner
+
+
+def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def build_graph_runner(model, model_config, cache_config, backend_config, device, *args, **kwargs):
+        patching.ensure_owned("before building the graph runner")
+        if profile.build_runner is not None:
+            runner = profile.build_runner(original, model, model_config, cache_config, backend_config, device,
+                                          *args, **kwargs)
+        else:
+            runner = original(model, model_config, cache_config, backend_config, device, *args, **kwargs)
+        # Building may import dlinfer's runner module, which reassigns the mixin methods.
+        patching.ensure_owned("after building the graph runner")
+        return guard_runner(runner)
+
+    build_graph_runner.__module__ = f"vendor_graph.{profile.name}"
+    build_graph_runner.__qualname__ = "build_graph_runner"
+    return build_graph_runner
+
+
+def install(profile: VendorProfile) -> patching.Activation:
+    """Activate ``profile`` in this process (idempotent; another vendor already active is an error)."""
+    version = compat.check_lmdeploy_supported(profile.name)
+    if compat.series(version) not in compat.SUPPORTED_SERIES[profile.name]:
+        logger.warning(
+            "vendor_graph.%s on unsupported lmdeploy %s (%s=1): expect breakage",
+            profile.name, version, compat.ALLOW_UNSUPPORTED_ENV,
+        )
+
+    def setup(activation: patching.Activation) -> None:
+        def patch_mixin(module) -> None:
+            for name, fn in buffer_methods(profile).items():
+                activation.add(patching.Patch(module.CudaGraphMixin, name, fn))
+
+        def patch_builder(module) -> None:
+            backend = getattr(module, profile.op_backend_class)
+            original = backend.build_graph_runner  # the plain function behind the staticmethod
+            wrapped = _wrap_builder(profile, original)
+            activation.add(patching.Patch(backend, "build_graph_runner", staticmethod(wrapped)))
+
+        patching.when_imported(compat.CUDAGRAPH_MODULE, patch_mixin)
+        patching.when_imported(profile.op_backend_module, patch_builder)
+
+    return patching.activate(profile.name, setup)

@@ -1,0 +1,250 @@
+"""Patching the real lmdeploy classes: ownership, dlinfer displacement, uninstall, workers."""
+
+import importlib
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import vendor_graph
+from vendor_graph import compat, patching
+
+RELEASE = compat.series(compat.installed_lmdeploy_version())
+SUPPORTED_HERE = compat.vendors_supporting(compat.installed_lmdeploy_version())
+
+BUFFER_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph")
+OP_BACKENDS = {
+    "ascend": ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend"),
+    "camb": ("lmdeploy.pytorch.backends.dlinfer.camb.op_backend", "CambOpsBackend"),
+    "maca": ("lmdeploy.pytorch.backends.dlinfer.maca.op_backend", "MacaOpsBackend"),
+}
+
+
+def mixin():
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+
+    return CudaGraphMixin
+
+
+def owners(cls, names=BUFFER_METHODS):
+    return {name: cls.__dict__.get(name) for name in names}
+
+
+def op_backend(vendor):
+    module, name = OP_BACKENDS[vendor]
+    return getattr(importlib.import_module(module), name)
+
+
+def test_methods_are_the_vendors_after_activation(vendor, activate):
+    before = owners(mixin())
+    activate(vendor)
+    after = owners(mixin())
+    for name in BUFFER_METHODS:
+        assert after[name] is not before[name]
+        assert after[name].__module__ == f"vendor_graph.{vendor}"
+    assert vendor_graph.active_vendor() == vendor
+    builder = op_backend(vendor).__dict__["build_graph_runner"]
+    assert builder.__func__.__module__ == f"vendor_graph.{vendor}"
+
+
+def test_uninstall_restores_the_originals_exactly(vendor, activate):
+    cls, backend = mixin(), op_backend(vendor)
+    before = owners(cls) | {"builder": backend.__dict__["build_graph_runner"]}
+    activate(vendor)
+    activate(vendor)  # idempotent: no second layer of patches
+    assert len(patching.active().patches) == 4
+    vendor_graph.uninstall()
+    after = owners(cls) | {"builder": backend.__dict__["build_graph_runner"]}
+    assert after == before
+    assert vendor_graph.active_vendor() is None
+    assert patching._finder not in sys.meta_path
+
+
+def test_a_second_vendor_is_an_error(activate):
+    if len(SUPPORTED_HERE) < 2:
+        pytest.skip(f"lmdeploy {RELEASE} supports only {SUPPORTED_HERE}")
+    first, second = SUPPORTED_HERE[:2]
+    activate(first)
+    with pytest.raises(patching.VendorConflict, match=f"vendor_graph.{first} is already active"):
+        activate(second)
+    assert vendor_graph.active_vendor() == first
+
+
+def test_dlinfer_importing_after_us_is_undone_and_logged(vendor, activate, caplog, monkeypatch):
+    monkeypatch.setenv("DLINFER_STUB_VENDOR", vendor)
+    for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
+        monkeypatch.delitem(sys.modules, name)
+    activate(vendor)
+    ours = owners(mixin())
+    with caplog.at_level(logging.WARNING, logger="vendor_graph"):
+        # What lmdeploy does in every mp/Ray worker and in its environment check.
+        from lmdeploy.utils import try_import_deeplink
+
+        try_import_deeplink(vendor)
+    assert owners(mixin()) == ours
+    displaced = patching.active().displaced
+    assert {target.rsplit(".", 1)[-1] for target, _ in displaced} == set(BUFFER_METHODS)
+    assert all(f"{vendor}_cudagraph" in by for _, by in displaced)
+    assert "had been replaced by dlinfer.framework.lmdeploy_ext.cudagraph" in caplog.text
+
+
+def test_dlinfer_imported_before_us_is_displaced_and_restored_on_uninstall(vendor, activate, monkeypatch):
+    monkeypatch.setenv("DLINFER_STUB_VENDOR", vendor)
+    for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.import_module("dlinfer.framework.lmdeploy_ext")
+    theirs = owners(mixin())
+    assert all(f"{vendor}_cudagraph" in fn.__module__ for fn in theirs.values())
+    activate(vendor)
+    assert all(fn.__module__ == f"vendor_graph.{vendor}" for fn in owners(mixin()).values())
+    vendor_graph.uninstall()
+    assert owners(mixin()) == theirs
+
+
+def test_ownership_is_checked_where_the_runner_is_built_and_before_each_step(vendor, activate, caplog):
+    activate(vendor)
+    ours = owners(mixin())
+    mixin().fill_buffers_cudagraph = lambda *a, **k: None  # someone patches behind our back
+    runner = _build_runner(vendor)
+    assert owners(mixin()) == ours
+    assert "noticed before building the graph runner" in caplog.text
+    mixin().make_buffers_cudagraph = lambda *a, **k: None
+    try:
+        runner(input_ids=None)
+    except Exception:
+        pass  # the fake model cannot run; the check comes first
+    assert owners(mixin()) == ours
+    assert "noticed before a graph step" in caplog.text
+
+
+def _build_runner(vendor):
+    """Call the patched builder the way lmdeploy's ModelAgent does, with CPU stand-ins."""
+    from types import SimpleNamespace
+
+    import torch
+
+    class Model(torch.nn.Module):
+        ctx_mgr = SimpleNamespace(build_ctx=SimpleNamespace(strategy_factory=None))
+
+    model_config = SimpleNamespace(k_head_dim=64, v_head_dim=64, model_paradigm="ar", use_flash_mla=False)
+    cache_config = SimpleNamespace(max_batches=8, num_gpu_blocks=16, cudagraph_capture_batch_sizes=None)
+    backend_config = SimpleNamespace(eager_mode=False, device_type=vendor)
+    backend = op_backend(vendor)
+    if vendor == "ascend":
+        return backend.build_graph_runner(Model(), model_config, cache_config, backend_config, "cpu")
+    # lmdeploy's CUDA runner asks torch.cuda for a graph pool at construction; give it a CPU stand-in.
+    import torch.cuda
+
+    real = torch.cuda.graph_pool_handle
+    torch.cuda.graph_pool_handle = lambda: (0, 0)
+    try:
+        strategy = SimpleNamespace(build_cudagraph_strategy=lambda: None)
+        Model.ctx_mgr = SimpleNamespace(build_ctx=SimpleNamespace(strategy_factory=strategy))
+        return backend.build_graph_runner(Model(), model_config, cache_config, backend_config, "cpu")
+    finally:
+        torch.cuda.graph_pool_handle = real
+
+
+def test_ascend_builder_keeps_lmdeploys_side_effects(activate):
+    if "ascend" not in SUPPORTED_HERE:
+        pytest.skip("ascend unsupported here")
+    activate("ascend")
+    backend = op_backend("ascend")
+    backend.enable_graph, backend.max_batches = False, None
+    runner = _build_runner("ascend")
+    assert backend.enable_graph is True and backend.max_batches == 8
+    if RELEASE >= "0.17":
+        assert runner.is_mla is False  # lmdeploy >= 0.17 passes is_mla=
+    assert type(runner).__mro__[1].__name__ == "AscendGraphRunner"
+
+
+def test_unsupported_release_is_refused_with_versions_named(monkeypatch):
+    from packaging.version import Version
+
+    with pytest.raises(compat.UnsupportedLmdeploy, match=r"lmdeploy 0\.15\.0\. Supported: 0\.16\.x, 0\.17\.x"):
+        compat.check_lmdeploy_supported("camb", Version("0.15.0"))
+    with pytest.raises(compat.UnsupportedLmdeploy, match=r"0\.18\.0: lmdeploy 0\.18\.0's CambOpsBackend"):
+        compat.check_lmdeploy_supported("camb", Version("0.18.0"))
+    monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
+    assert compat.check_lmdeploy_supported("camb", Version("0.19.0")) == Version("0.19.0")
+
+
+@pytest.mark.skipif(RELEASE != "0.18", reason="the Camb/MACA breakage is lmdeploy 0.18's")
+@pytest.mark.parametrize("unsupported", ["camb", "maca"])
+def test_camb_and_maca_on_018_fail_at_import_naming_the_reason(unsupported):
+    code = f"import vendor_graph.{unsupported}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert f"vendor_graph.{unsupported} does not support the installed lmdeploy 0.18" in proc.stderr
+    assert "Supported: 0.16.x, 0.17.x" in proc.stderr
+
+
+def _run_child(code, env_extra, timeout=120):
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_autoload_costs_nothing_in_unrelated_processes():
+    proc = _run_child("""
+        import sys
+        heavy = [m for m in ("torch", "lmdeploy", "numpy", "vendor_graph.buffers") if m in sys.modules]
+        print(heavy, "vendor_graph._autoload" in sys.modules)
+    """, {"VENDOR_GRAPH_VENDOR": SUPPORTED_HERE[0]})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[] True"
+    proc = _run_child("import sys; print('vendor_graph' in sys.modules)", {"VENDOR_GRAPH_VENDOR": ""})
+    assert proc.stdout.strip() == "False"
+
+
+CHILD_REPORT = """
+    import os, sys
+    if {import_dlinfer_first}:
+        import dlinfer.framework.lmdeploy_ext
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+    import lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend as ob
+    from lmdeploy.utils import try_import_deeplink
+    try_import_deeplink("{vendor}")
+    names = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph")
+    print(sorted({{getattr(CudaGraphMixin, n).__module__ for n in names}}))
+    print(type(ob).__name__, ob.{cls}.__dict__["build_graph_runner"].__func__.__module__)
+"""
+
+
+@pytest.mark.parametrize("dlinfer_first", [False, True], ids=["dlinfer-after", "dlinfer-before"])
+def test_workers_activate_from_the_environment(vendor, dlinfer_first):
+    code = CHILD_REPORT.format(vendor=vendor, cls=OP_BACKENDS[vendor][1], import_dlinfer_first=dlinfer_first)
+    proc = _run_child(code, {"VENDOR_GRAPH_VENDOR": vendor, "DLINFER_STUB_VENDOR": vendor})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == f"['vendor_graph.{vendor}']"
+    assert lines[1] == f"module vendor_graph.{vendor}"
+
+
+def _spawned_worker(queue, vendor):
+    """What lmdeploy's mp executor does in a worker: import the graph module, then dlinfer's extension."""
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+    from lmdeploy.utils import try_import_deeplink
+
+    try_import_deeplink(vendor)
+    queue.put(CudaGraphMixin.fill_buffers_cudagraph.__module__)
+
+
+def test_spawned_worker_of_an_activated_parent_runs_our_methods(vendor, activate, monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setenv("DLINFER_STUB_VENDOR", vendor)
+    activate(vendor)
+    assert os.environ["VENDOR_GRAPH_VENDOR"] == vendor  # exported for the workers
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=_spawned_worker, args=(queue, vendor))
+    worker.start()
+    worker.join(120)
+    assert worker.exitcode == 0
+    assert queue.get(timeout=5) == f"vendor_graph.{vendor}"
+    vendor_graph.uninstall()
+    assert "VENDOR_GRAPH_VENDOR" not in os.environ

@@ -1,0 +1,1 @@
+"""Stand-in dlinfer for vendor_graph tests (see tests/stubs/README.md)."""

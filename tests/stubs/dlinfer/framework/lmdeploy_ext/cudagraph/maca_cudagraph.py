@@ -1,0 +1,3 @@
+from ._displace import displace
+
+displace("maca")
