@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Creates or updates the project's virtual environment, idempotently:
+#   CPU torch 2.13.0 (from local disk where the machine has it), lmdeploy installed with --no-deps
+#   (its pins would pull a CUDA torch) plus the few packages its imports need, and vendor_graph
+#   itself (editable, with the test extra). Never installs torch_npu or dlinfer.
+# Usage: scripts/setup-env.sh [LMDEPLOY_VERSION]   (default 0.18.0)
+# Env:   VENDOR_GRAPH_VENV (default .venv), PYTHON (default python3)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${VENDOR_GRAPH_VENV:-$root/.venv}
+lmdeploy_version=${1:-0.18.0}
+
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+py="$venv/bin/python"
+pip_install() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
+installed() {  # installed NAME VERSION-PREFIX
+  "$py" - "$1" "$2" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version(sys.argv[1]).startswith(sys.argv[2]) else 1)
+PY
+}
+
+installed torch 2.13.0 || pip_install torch==2.13.0
+if ! installed lmdeploy "$lmdeploy_version"; then
+  # pip prints a long "dependency conflicts" warning here; it is expected (we keep our torch).
+  pip_install --no-deps "lmdeploy==$lmdeploy_version" 2>&1 | grep -v -e 'requires' -e 'incompatible' \
+    -e 'dependency conflicts' -e "pip's dependency resolver" || true
+  installed lmdeploy "$lmdeploy_version" || { echo "lmdeploy $lmdeploy_version failed to install" >&2; exit 1; }
+  # turbomind's binaries are never loaded by the graph-mode modules; drop ~400 MB
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  find "$site/lmdeploy" \( -name '*.so' -o -name '*.a' \) -delete
+fi
+"$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
+  || pip_install -r "$root/requirements/lmdeploy-imports.txt"
+"$py" -c 'import vendor_graph, pytest, hypothesis' 2>/dev/null || pip_install -e "$root[test]"
+echo "environment ready: $("$py" -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "lmdeploy", m.version("lmdeploy"))')" >&2

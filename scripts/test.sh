@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The README's test command: sets up the environment and runs lint and the whole test suite against
+# every supported lmdeploy release (0.16.0, 0.17.0, 0.18.0; one venv, lmdeploy swapped with --no-deps),
+# ending on 0.18.0. Prints one total line over all runs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+py=${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python
+reports=$(mktemp -d)
+trap 'rm -rf "$reports"' EXIT
+cd "$root"
+
+status=0
+for version in ${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}; do
+  "$root/scripts/setup-env.sh" "$version"
+  echo "=== lmdeploy $version"
+  start=$SECONDS
+  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/lmdeploy-$version.xml" "$@" || status=1
+  echo "=== lmdeploy $version: $((SECONDS - start)) s"
+done
+"$py" -m ruff check src tests tools || status=1
+
+"$py" - "$reports" <<'PY'
+import sys, pathlib, xml.etree.ElementTree as ET
+totals = dict(tests=0, failures=0, errors=0, skipped=0)
+for report in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    for key in totals:
+        totals[key] += int(suite.get(key, 0))
+failed = totals["failures"] + totals["errors"]
+passed = totals["tests"] - failed - totals["skipped"]
+print(f"total: {passed} passed, {failed} failed, {totals['skipped']} skipped")
+PY
+exit $status

@@ -1,0 +1,118 @@
+"""``vendor-graph`` / ``python -m vendor_graph``: command-line entry points.
+
+``plan``: activate a vendor in the real lmdeploy installed here and print what graph mode will do:
+patch status (whose methods own lmdeploy's CudaGraphMixin now), the capture sizes and the padding
+they cost, the buffers the vendor binds on this lmdeploy release, and a self-check of those buffers
+run through lmdeploy's mixin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import VENDORS, __version__
+
+OP_BACKEND_HINT = {
+    "ascend": "lmdeploy's Ascend op backend imports dlinfer, which is not importable here",
+}
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols), "  ".join("-" * widths[c] for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def _capture_rows(sizes: list[int]) -> list[dict[str, str]]:
+    rows, low = [], 1
+    for size in sizes:
+        served = range(low, size + 1)
+        mean_waste = sum(size - b for b in served) / (len(served) * size)
+        worst = (size - low) / size
+        rows.append({"graph batch": str(size), "serves batches": f"{low}-{size}" if low < size else str(size),
+                     "worst padding": f"{worst:.0%}", "mean padding": f"{mean_waste:.0%}"})
+        low = size + 1
+    return rows
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import buckets, compat, patching
+
+    vendor = args.vendor
+    print(f"vendor_graph {__version__} plan for vendor {vendor!r}")
+    version = compat.installed_lmdeploy_version()
+    import torch
+
+    print(f"torch {torch.__version__}; lmdeploy {version or 'not installed'}; "
+          f"{vendor} supports lmdeploy {', '.join(s + '.x' for s in compat.SUPPORTED_SERIES[vendor])}")
+    try:
+        module = importlib.import_module(f"vendor_graph.{vendor}")
+        module.activate()
+    except compat.UnsupportedLmdeploy as exc:
+        print(f"\nNOT ACTIVE: {exc}")
+        return 2
+
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin  # noqa: F401  (patch lands now)
+
+    profile = module.PROFILE
+    try:
+        importlib.import_module(profile.op_backend_module)
+    except ImportError as exc:
+        hint = OP_BACKEND_HINT.get(vendor, "its op backend failed to import")
+        print(f"\nnote: {hint} ({exc}); its build_graph_runner is patched when it is imported")
+    patching.ensure_owned("plan")
+    activation = patching.active()
+
+    print("\nPatches in force")
+    rows = [{"target": p.target.replace("lmdeploy.pytorch.", "…"), "owner now": patching.describe(p.current()),
+             "ours": "yes" if p.owned() else "NO", "replaced": patching.describe(p.before)}
+            for p in activation.patches]
+    print(_table(rows))
+
+    sizes = buckets.capture_sizes(vendor, args.max_batches, args.capture_sizes)
+    rule = "explicit cudagraph_capture_batch_sizes" if args.capture_sizes else (
+        "three-tier Ascend rule" if vendor == "ascend" else "lmdeploy CUDA runner rule")
+    print(f"\nCapture plan: max_batch_size {args.max_batches}, {rule}: {len(sizes)} graphs, captured largest first")
+    print(_table(_capture_rows(sizes)))
+
+    spec = profile.spec
+    print(f"\nBuffers bound on lmdeploy {compat.lmdeploy_api().version} ({len(spec.fields)} fields)")
+    print(_table(spec.describe()))
+    if spec.constants:
+        print("constants set on every fill: " + ", ".join(f"attn_metadata.{n}" for n in spec.constants))
+
+    from . import selfcheck
+
+    report = selfcheck.run(spec, graph_batch=min(16, sizes[-1]))
+    verdict = "PASS" if report.ok else "FAIL: stale " + "; ".join(report.stale)
+    print(f"\nSelf-check through lmdeploy's CudaGraphMixin: graph batch {report.graph_batch}, live batches "
+          f"{report.batches}, {report.copies_per_step} copies per step; buffers equal a fresh fill after "
+          f"every step: {verdict}")
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vendor-graph", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="activate a vendor here and print its capture plan and patch status")
+    plan.add_argument("--vendor", choices=VENDORS, default="ascend")
+    plan.add_argument("--max-batches", type=int, default=256, help="lmdeploy's max_batch_size")
+    plan.add_argument("--capture-sizes", type=int, nargs="+", default=None,
+                      help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "plan":
+        return cmd_plan(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
