@@ -248,3 +248,14 @@ def test_spawned_worker_of_an_activated_parent_runs_our_methods(vendor, activate
     assert queue.get(timeout=5) == f"vendor_graph.{vendor}"
     vendor_graph.uninstall()
     assert "VENDOR_GRAPH_VENDOR" not in os.environ
+
+
+def test_compat_finds_the_moved_runner_classes():
+    single = compat.cuda_single_graph_runner_class()
+    assert single.__name__ == "CUDASingleGraphRunner"
+    expected = "full_graph" if RELEASE >= "0.18" else "graph_runner"
+    assert single.__module__.endswith(expected)
+    assert compat.cuda_graph_runner_class().__name__ == "CUDAGraphRunner"
+    api = compat.lmdeploy_api()
+    assert api.max_q_attr == ("max_q_seqlen" if RELEASE >= "0.18" else "max_q_seq_len")
+    assert api.separate_host_seqlens == (RELEASE >= "0.18")

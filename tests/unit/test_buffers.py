@@ -295,3 +295,31 @@ def test_any_fill_history_equals_a_fresh_fill(name, graph_batch, data):
     after = snapshot(meta)
     for key, tensor in snapshot(fresh).items():
         assert torch.equal(after[key], tensor), f"{name} {history}: {key}"
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_multi_token_decode_pads_per_token_fields_over_the_graphs_tokens(name):
+    """Speculative decode graphs (query length 2): token-indexed buffers span batch * 2 rows."""
+    from vendor_graph.selfcheck import synthetic_step
+
+    spec = SPECS[name]
+
+    def fill(meta, batch, seed, capture):
+        inputs, attn, ctx = synthetic_step(spec, batch, blocks=3, query_len=2, seed=seed)
+        if capture:
+            meta.input_buffers = spec.make(meta, inputs, attn)
+        spec.fill(meta, inputs, attn)
+        spec.bind_context(meta, ctx)
+        return attn, ctx
+
+    meta = graph_meta(8, query_len=2)
+    fill(meta, 7, seed=1, capture=True)
+    attn, ctx = fill(meta, 3, seed=2, capture=False)
+    fresh = graph_meta(8, query_len=2)
+    fill(fresh, 3, seed=2, capture=True)
+    for key, tensor in fresh.input_buffers.items():
+        assert torch.equal(meta.input_buffers[key], tensor), key
+    starts = attn.kv_start_indices.view(-1)
+    if name.startswith("ascend"):  # one KV slot per token; Camb/MACA decode writes one per sequence
+        assert starts.shape[0] == 16 and (starts[6:] == -1).all()
+    assert ctx.q_seqlens.tolist() == [2] * 8 and ctx.q_start_loc.tolist() == list(range(0, 16, 2))
