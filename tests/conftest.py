@@ -14,8 +14,11 @@ os.environ.pop("VENDOR_GRAPH_VENDOR", None)
 
 
 @pytest.fixture(autouse=True)
-def _no_vendor_left_active():
-    yield
+def _no_vendor_active():
+    """Each test starts and ends with no vendor active (importing vendor_graph.<vendor>.<module>
+    during collection activates that vendor)."""
     import vendor_graph
 
+    vendor_graph.uninstall()
+    yield
     vendor_graph.uninstall()

@@ -173,12 +173,13 @@ def after_each_import(prefix: str, callback: Callable[[Any], None]) -> None:
 
 @dataclass
 class Patch:
-    """One attribute we own on a class, with what it held before us."""
+    """One attribute we own on a class (or module), with what it held before us."""
 
-    owner: type
+    owner: Any
     name: str
     ours: Any
     before: Any = _MISSING
+    owner_is_module: bool = False
 
     def apply(self) -> None:
         self.before = self.owner.__dict__.get(self.name, _MISSING)
@@ -199,6 +200,8 @@ class Patch:
 
     @property
     def target(self) -> str:
+        if self.owner_is_module:
+            return f"{self.owner.__name__}.{self.name}"
         return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.name}"
 
 

@@ -30,6 +30,8 @@ class VendorProfile:
     build_spec: Callable[[LmdeployApi], BufferSpec]
     # Builds the graph runner; receives lmdeploy's original builder and its arguments.
     build_runner: Callable[..., Any] | None = None
+    # Vendor-specific patches beyond the mixin and the builder.
+    extra_setup: Callable[[patching.Activation], None] | None = None
 
     @functools.cached_property
     def spec(self) -> BufferSpec:
@@ -135,5 +137,7 @@ def install(profile: VendorProfile) -> patching.Activation:
 
         patching.when_imported(compat.CUDAGRAPH_MODULE, patch_mixin)
         patching.when_imported(profile.op_backend_module, patch_builder)
+        if profile.extra_setup is not None:
+            profile.extra_setup(activation)
 
     return patching.activate(profile.name, setup)

@@ -120,7 +120,7 @@ def test_ownership_is_checked_where_the_runner_is_built_and_before_each_step(ven
     assert "noticed before a graph step" in caplog.text
 
 
-def _build_runner(vendor):
+def _build_runner(vendor, capture_sizes=None):
     """Call the patched builder the way lmdeploy's ModelAgent does, with CPU stand-ins."""
     from types import SimpleNamespace
 
@@ -130,7 +130,7 @@ def _build_runner(vendor):
         ctx_mgr = SimpleNamespace(build_ctx=SimpleNamespace(strategy_factory=None))
 
     model_config = SimpleNamespace(k_head_dim=64, v_head_dim=64, model_paradigm="ar", use_flash_mla=False)
-    cache_config = SimpleNamespace(max_batches=8, num_gpu_blocks=16, cudagraph_capture_batch_sizes=None)
+    cache_config = SimpleNamespace(max_batches=8, num_gpu_blocks=16, cudagraph_capture_batch_sizes=capture_sizes)
     backend_config = SimpleNamespace(eager_mode=False, device_type=vendor)
     backend = op_backend(vendor)
     if vendor == "ascend":
@@ -148,17 +148,40 @@ def _build_runner(vendor):
         torch.cuda.graph_pool_handle = real
 
 
-def test_ascend_builder_keeps_lmdeploys_side_effects(activate):
+def test_ascend_builder_builds_our_runner_and_keeps_lmdeploys_side_effects(activate, monkeypatch):
     if "ascend" not in SUPPORTED_HERE:
         pytest.skip("ascend unsupported here")
+    for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
+        monkeypatch.delitem(sys.modules, name)
     activate("ascend")
+    from vendor_graph.ascend.runner import AscendGraphRunner
+
     backend = op_backend("ascend")
     backend.enable_graph, backend.max_batches = False, None
     runner = _build_runner("ascend")
+    assert isinstance(runner, AscendGraphRunner)
     assert backend.enable_graph is True and backend.max_batches == 8
-    if RELEASE >= "0.17":
-        assert runner.is_mla is False  # lmdeploy >= 0.17 passes is_mla=
-    assert type(runner).__mro__[1].__name__ == "AscendGraphRunner"
+    assert runner.is_mla is False and runner.get_capture_batch_sizes() == [1, 2, 4, 8]
+    # lmdeploy's builder imported dlinfer's runner module; ours must not need it
+    assert "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph" not in sys.modules
+
+
+def test_ascend_moe_padding_follows_the_runners_sizes(activate, monkeypatch):
+    if "ascend" not in SUPPORTED_HERE:
+        pytest.skip("ascend unsupported here")
+    monkeypatch.setenv("DLINFER_STUB_VENDOR", "ascend")
+    for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
+        monkeypatch.delitem(sys.modules, name)
+    activate("ascend")
+    runner = _build_runner("ascend", capture_sizes=[3, 6])
+    assert runner.get_capture_batch_sizes() == [3, 6, 8]
+    # What lmdeploy's Ascend update_step_context imports for MoE padding (EP > 1, graph mode)
+    from dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph import get_ascend_compatible_size
+
+    assert [get_ascend_compatible_size(b) for b in (1, 3, 4, 7, 8)] == [3, 3, 6, 8, 8]
+    vendor_graph.uninstall()
+    module = sys.modules["dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"]
+    assert module.get_ascend_compatible_size(4) == 4  # dlinfer's own again
 
 
 def test_unsupported_release_is_refused_with_versions_named(monkeypatch):

@@ -1,0 +1,302 @@
+"""AscendGraphRunner: one NPUGraph per GraphKey, with the seq-len refresh Ascend attention needs.
+
+Per decode step on the replay path: fill the graph's buffers (vendor_graph's CudaGraphMixin methods),
+wait for the previous replay to finish with the captured tasks, refresh the host KV lengths of every
+registered attention task (``NPUGraph.update`` or the task-group path, chosen per op), replay, and
+record a fence. Keys, sizes and padding come from :mod:`vendor_graph.buckets`; a key that cannot be
+captured safely runs eager, with its reason logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import buckets, patching
+from ..key import GraphKey
+from . import hook
+from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
+
+logger = logging.getLogger("vendor_graph")
+
+try:  # lmdeploy is a runtime requirement of the runner, not of the package
+    from lmdeploy.pytorch.backends.graph_runner import GraphRunner
+except ImportError:  # pragma: no cover - only without lmdeploy
+    GraphRunner = object  # type: ignore[misc,assignment]
+
+
+def _false(*args, **kwargs) -> bool:
+    return False
+
+
+def npu_runtime() -> tuple[Any, Capabilities]:
+    """``torch.npu`` and what it offers (importing torch_npu registers it)."""
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    npu = torch.npu
+    return npu, detect(npu, getattr(torch_npu, "__version__", None))
+
+
+@dataclass
+class AscendSingleGraph:
+    """One captured decode graph, its buffers and its registered attention tasks."""
+
+    key: GraphKey
+    meta: Any  # lmdeploy CudaGraphMeta
+    graph: Any = None
+    output_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    tasks: list[hook.AttentionTask] = field(default_factory=list)
+    capture_seconds: float = 0.0
+
+    @property
+    def paths(self) -> set[str]:
+        return {t.path for t in self.tasks}
+
+
+class GraphUnsafe(RuntimeError):
+    """This key cannot be captured so that its replays are right; it runs eager."""
+
+
+class AscendGraphRunner(GraphRunner):
+    """lmdeploy GraphRunner for Ascend NPUs (built by ``AscendOpsBackend.build_graph_runner``)."""
+
+    def __init__(self, model, model_config, cache_config, backend_config, device, is_mla: bool = False, **kwargs):
+        super().__init__(model, model_config, cache_config, backend_config, device)
+        self.is_mla = is_mla
+        self.num_blocks = cache_config.num_gpu_blocks
+        self.max_batches = cache_config.max_batches
+        self.capture_sizes = buckets.capture_sizes(
+            "ascend", cache_config.max_batches, getattr(cache_config, "cudagraph_capture_batch_sizes", None))
+        self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
+        self._graphs: dict[GraphKey, AscendSingleGraph] = {}
+        self._eager_reasons: dict[GraphKey, str] = {}
+        self._npu: Any = None
+        self._caps: Capabilities | None = None
+        self._pool: Any = None
+        self._update_stream: Any = None
+        self._fence: Any = None  # event recorded on the replay stream after the latest replay
+        self._warned_oversize = False
+
+    # -- lmdeploy GraphRunner API -----------------------------------------------------------------
+
+    def get_capture_batch_sizes(self) -> list[int]:
+        return list(self.capture_sizes)
+
+    def get_graph_key(self, input_ids: torch.Tensor, attn_metadata: Any = None, **kwargs) -> GraphKey | None:
+        """The key of this step's graph, or None when the batch is beyond the largest captured size."""
+        context = self.ctx_mgr.current_context()
+        batch = attn_metadata.block_offsets.size(0)
+        query_len = max(1, input_ids.size(-1) // batch)
+        padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
+        wanted = batch if padding is None else padding
+        if wanted > self.capture_sizes[-1]:
+            return None
+        extra = tuple(self.model.get_cudagraph_extra_key(**kwargs)) if hasattr(
+            self.model, "get_cudagraph_extra_key") else ()
+        return GraphKey(
+            padded_batch=buckets.pad_to_bucket(self.capture_sizes, wanted),
+            decoding=bool(context.global_is_decoding()),
+            microbatch=bool(getattr(context, "enable_microbatch", False)),
+            query_len=query_len,
+            extra=extra,
+        )
+
+    def __call__(self, **kwargs):
+        context = self.ctx_mgr.current_context()
+        if not (context.global_is_decoding() and self.enable_graph(**kwargs)):
+            return self._forward_eager(**kwargs)
+        key = self.get_graph_key(**kwargs)
+        if key is None:
+            if not self._warned_oversize:
+                self._warned_oversize = True
+                logger.warning("vendor_graph.ascend: a batch above the largest captured size %d ran eager; "
+                               "raise max_batch_size to capture it", self.capture_sizes[-1])
+            return self._forward_eager(**kwargs)
+        if key in self._eager_reasons:
+            return self._forward_eager(**kwargs)
+        graph = self._graphs.get(key)
+        if graph is None:
+            return self._capture(key, kwargs)
+        return self._replay(graph, kwargs)
+
+    def update_inputs(self, inputs):
+        """DP: every rank pads to the same bucket of the global batch (as lmdeploy's CUDA runner)."""
+        if self.backend_config.eager_mode:
+            return inputs
+        dp_meta = getattr(inputs, "dp_meta", None)
+        if dp_meta is not None and inputs.global_is_decoding():
+            padding = self.get_meta().padding_batch_size
+            batch = inputs.seq_length.size(0)
+            query_len = max(1, inputs.input_ids.numel() // max(batch, 1))
+            if padding is not None and padding <= self.capture_sizes[-1]:
+                dp_meta.sync_tp_size(buckets.pad_to_bucket(self.capture_sizes, padding) * query_len)
+        return inputs
+
+    def reset(self) -> None:
+        """Free every graph, its registered tasks and the pool; a later step captures afresh."""
+        super().reset()
+        for graph in self._graphs.values():
+            if graph.graph is not None and hasattr(graph.graph, "reset"):
+                graph.graph.reset()
+            graph.graph = None
+            graph.tasks.clear()
+            graph.output_buffers.clear()
+        self._graphs.clear()
+        self._eager_reasons.clear()
+        self._pool = None
+        self._fence = None
+        if self._npu is not None and hasattr(self._npu, "empty_cache"):
+            self._npu.empty_cache()
+
+    # -- capture and replay -----------------------------------------------------------------------
+
+    def _runtime(self) -> tuple[Any, Capabilities]:
+        if self._npu is None:
+            self._npu, self._caps = npu_runtime()
+        return self._npu, self._caps
+
+    def _forward_eager(self, **kwargs):
+        output = self.model(**kwargs)
+        return self.model.make_output_buffers(output)
+
+    def _make_meta(self, key: GraphKey):
+        from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMeta
+
+        cfg = self.model_config
+        optional = {
+            "is_ssm": bool(getattr(cfg, "states_shapes", None)),
+            "use_mrope": bool(getattr(cfg, "use_mrope", False)),
+            "mla_index_topk": getattr(cfg, "mla_index_topk", None),
+            "block_size": getattr(self.cache_config, "block_size", 64),
+        }
+        fields = getattr(CudaGraphMeta, "__dataclass_fields__", {})
+        return CudaGraphMeta(
+            max_batchs=key.padded_batch, max_tokens=key.padded_tokens, num_blocks=self.num_blocks,
+            is_decoding=key.decoding, device=self.device, input_buffers={}, output_buffers={},
+            vocab_size=getattr(cfg, "vocab_size", 1), decode_query_len=key.query_len,
+            **{k: v for k, v in optional.items() if k in fields},
+        )
+
+    def _bind(self, graph: AscendSingleGraph, kwargs: dict[str, Any]) -> dict[str, Any]:
+        padded = self.model.fill_buffers_cudagraph(graph.meta, **kwargs)
+        self.model.update_context_cudagraph(graph.meta, self.ctx_mgr.current_context())
+        return padded
+
+    def _capture(self, key: GraphKey, kwargs: dict[str, Any]):
+        patching.ensure_owned("before capture")
+        npu, caps = self._runtime()
+        graph = AscendSingleGraph(key=key, meta=self._make_meta(key))
+        graph.meta.input_buffers = self.model.make_buffers_cudagraph(graph.meta, **kwargs)
+        padded = self._bind(graph, kwargs)
+        warmup = self.model.make_output_buffers(self.model(**padded))  # outside the graph: first-use work
+        start = time.perf_counter()
+        try:
+            self._capture_into(graph, padded, npu, caps, force_task_update=False)
+        except (GraphUnsafe, hook.NoSeqLenUpdate) as exc:
+            self._eager_reasons[key] = str(exc)
+            logger.warning("vendor_graph.ascend: %s runs eager: %s", key, exc)
+            return self.model.get_outputs_cudagraph(warmup, **kwargs)
+        graph.capture_seconds = time.perf_counter() - start
+        self._graphs[key] = graph
+        logger.info("vendor_graph.ascend: captured %s in %.3fs (seq-len path %s, %d attention tasks)",
+                    key, graph.capture_seconds, "/".join(sorted(graph.paths)), len(graph.tasks))
+        return self.model.get_outputs_cudagraph(warmup, **kwargs)
+
+    def _capture_into(self, graph: AscendSingleGraph, padded, npu, caps: Capabilities, force_task_update: bool):
+        if self._pool is None:
+            self._pool = npu.graph_pool_handle()
+        stream = npu.current_stream()
+        npu_graph = npu.NPUGraph()
+        graph_kwargs: dict[str, Any] = {"pool": self._pool, "stream": stream}
+        if caps.facts.get("auto_dispatch_capture") and not force_task_update:
+            graph_kwargs["auto_dispatch_capture"] = True
+        scope = hook.CaptureScope(npu=npu, capabilities=caps, stream=stream, force_task_update=force_task_update)
+        try:
+            with scope, npu.graph(npu_graph, **graph_kwargs):
+                output = self.model(**padded)
+        except BaseException:
+            if hasattr(npu_graph, "reset"):
+                npu_graph.reset()
+            raise
+        problem = self._check_reach(npu_graph, scope.tasks)
+        if problem is not None:
+            if hasattr(npu_graph, "reset"):
+                npu_graph.reset()
+            if force_task_update or not caps.facts.get("task_group_api"):
+                raise GraphUnsafe(problem)
+            logger.warning("vendor_graph.ascend: %s: %s; recapturing with task groups", graph.key, problem)
+            return self._capture_into(graph, padded, npu, caps, force_task_update=True)
+        graph.graph = npu_graph
+        graph.tasks = list(scope.tasks)
+        graph.output_buffers = self.model.make_output_buffers(output)
+
+    @staticmethod
+    def _check_reach(npu_graph: Any, tasks: list[hook.AttentionTask]) -> str | None:
+        """Why the update would miss a registered task, or None when every task is reached."""
+        if not tasks:
+            return ("no attention op registered through vendor_graph.ascend.hook.call_attention during capture; "
+                    "its host KV lengths would stay frozen at their capture values")
+        wanted = sum(1 for t in tasks if t.path == GRAPH_UPDATE)
+        if wanted:
+            mode = getattr(npu_graph, "graph_dispatch_mode", None)
+            records = getattr(mode, "graph_dispatch_records", None)
+            if records is None or len(records) != wanted:
+                got = "no" if records is None else len(records)
+                return f"NPUGraph.update would reach {got} of the {wanted} attention tasks registered for it"
+        return None
+
+    def _replay(self, graph: AscendSingleGraph, kwargs: dict[str, Any]):
+        npu = self._npu
+        self._bind(graph, kwargs)
+        lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
+        self._refresh_seqlens(graph, lens)
+        graph.graph.replay()
+        # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
+        self._fence = npu.Event()
+        self._fence.record(npu.current_stream())
+        return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
+
+    def _refresh_seqlens(self, graph: AscendSingleGraph, lens: list[int]) -> None:
+        npu = self._npu
+        by_update = [t for t in graph.tasks if t.path == GRAPH_UPDATE]
+        by_task = [t for t in graph.tasks if t.path == TASK_UPDATE]
+        if by_update:
+            # torch_npu updates on its own stream, which we cannot order on the device: wait on the host.
+            if self._fence is not None:
+                self._fence.synchronize()
+            graph.graph.update(cpu_update_input=[{t.spec.key: lens} for t in by_update])
+        if by_task:
+            if self._update_stream is None:
+                self._update_stream = npu.Stream()
+            stream = self._update_stream
+            if self._fence is not None:
+                stream.wait_event(self._fence)  # device-side: no host stall
+            for task in by_task:
+                npu.graph_task_update_begin(stream, task.handle)
+                task.call_with(lens)
+                npu.graph_task_update_end(stream)
+                task.event.record(stream)
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def graphs(self) -> dict[GraphKey, AscendSingleGraph]:
+        return dict(self._graphs)
+
+    def eager_reasons(self) -> dict[GraphKey, str]:
+        return dict(self._eager_reasons)
+
+
+def build_graph_runner(original, model, model_config, cache_config, backend_config, device, *args, **kwargs):
+    """``AscendOpsBackend.build_graph_runner`` with vendor_graph's runner, keeping lmdeploy's side effects."""
+    from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import AscendOpsBackend
+
+    AscendOpsBackend.enable_graph = not backend_config.eager_mode
+    AscendOpsBackend.max_batches = cache_config.max_batches
+    is_mla = kwargs.pop("is_mla", None)
+    if is_mla is None:
+        is_mla = getattr(model_config, "k_head_dim", None) != getattr(model_config, "v_head_dim", None)
+    return AscendGraphRunner(model, model_config, cache_config, backend_config, device, is_mla=is_mla)

@@ -1,0 +1,191 @@
+"""Which seq-len update path each Ascend attention op gets, from what torch_npu really provides.
+
+Ascend attention reads its KV lengths as host values that are frozen into a captured graph. After
+every fill the captured tasks must be refreshed, by one of:
+
+* ``graph-update``: capture with ``auto_dispatch_capture=True`` and call
+  ``NPUGraph.update(cpu_update_input=[...])``; works only for the ops and argument spellings the
+  installed generation intercepts (``ascend_versions.GENERATION_FACTS["Gx"]["update_ops"]``);
+* ``task-update``: capture each attention inside a task group gated by an ``ExternalEvent``, and
+  re-issue it between ``graph_task_update_begin/end`` on an update stream each step (G1 and later);
+* ``none``: no graph API (G0), or nothing can reach the op: that graph runs eager.
+
+The path is chosen per op from the generation actually present: a feature probe of the installed
+module, checked against the table built from the real wheels (the probe wins when they disagree, and
+says so). The reference plugin's rule (``torch_npu >= 2.8.0.post1`` -> graph-update) is only the
+fallback for releases the table does not know. ``VENDOR_GRAPH_SEQLEN_UPDATE`` forces a path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from .. import ascend_versions
+
+logger = logging.getLogger("vendor_graph")
+
+SEQLEN_UPDATE_ENV = "VENDOR_GRAPH_SEQLEN_UPDATE"
+GRAPH_UPDATE = "graph-update"
+TASK_UPDATE = "task-update"
+NO_UPDATE = "none"
+PATHS = (GRAPH_UPDATE, TASK_UPDATE, NO_UPDATE)
+# The reference plugin's gate, kept only as the fallback for releases outside the table.
+FALLBACK_MIN_GRAPH_UPDATE = Version("2.8.0.post1")
+
+
+@dataclass(frozen=True)
+class AttentionOp:
+    """How one Ascend attention op takes its host KV lengths."""
+
+    name: str  # op name without overload, as torch_npu's dispatcher sees it
+    key: str  # the update key (cpu_update_input dict key and argument name)
+    position: int | None  # index among positional args, None when passed by keyword
+
+
+FIA = AttentionOp("npu_fused_infer_attention_score", "actual_seq_lengths_kv", None)
+FIA_V2 = AttentionOp("npu_fused_infer_attention_score_v2", "actual_seq_kvlen", None)
+PAGED_ATTENTION = AttentionOp("_npu_paged_attention", "context_lens", 7)
+MLA = AttentionOp("npu_multi_head_latent_attention", "context_lens", 5)
+PAGED_ATTENTION_MLA = AttentionOp("_npu_paged_attention_mla", "context_lens", 5)
+ATTENTION_OPS = {op.name: op for op in (FIA, FIA_V2, PAGED_ATTENTION, MLA, PAGED_ATTENTION_MLA)}
+
+
+def path_for(facts: dict[str, Any], op: AttentionOp, overload: str = ".default") -> str:
+    """The update path for ``op`` called as ``op.name + overload`` on a generation with ``facts``."""
+    if not facts.get("graph_api"):
+        return NO_UPDATE
+    if facts.get("update"):
+        rule = facts.get("update_ops", {}).get(op.name + overload)
+        if rule is not None and not rule.get("should_handle"):
+            if op.position is None:
+                # Keyword spelling: the kwargs rule writes it ("existing keys" holds, since we always pass it).
+                if rule["kwargs"] in ("any_key", "existing_keys_only"):
+                    return GRAPH_UPDATE
+            elif any(index == op.position and key == op.key for index, key in rule["args"]):
+                return GRAPH_UPDATE
+    if facts.get("task_group_api") and facts.get("external_event"):
+        return TASK_UPDATE
+    return NO_UPDATE
+
+
+def _installed_torch_npu_version() -> str | None:
+    for dist in ("torch_npu", "torch-npu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def seqlen_update_path(version: str | None = None) -> str:
+    """The path for standard FIA decode on a torch_npu release (None: the installed one, read from
+    package metadata without importing torch_npu). Unknown releases use the reference version rule;
+    malformed strings give ``"none"``, never an exception."""
+    if version is None:
+        version = _installed_torch_npu_version()
+        if version is None:
+            return NO_UPDATE
+    try:
+        facts = ascend_versions.facts_of(version)
+    except (ValueError, TypeError):
+        try:
+            parsed = Version(str(version))
+        except InvalidVersion:
+            return NO_UPDATE
+        return GRAPH_UPDATE if parsed >= FALLBACK_MIN_GRAPH_UPDATE else TASK_UPDATE
+    return path_for(facts, FIA)
+
+
+def forced_path() -> str | None:
+    """The path ``VENDOR_GRAPH_SEQLEN_UPDATE`` forces, or None for ``auto`` / unset."""
+    value = os.environ.get(SEQLEN_UPDATE_ENV, "auto").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in (GRAPH_UPDATE, TASK_UPDATE):
+        raise ValueError(f"{SEQLEN_UPDATE_ENV}={value!r}: use auto, {GRAPH_UPDATE} or {TASK_UPDATE}")
+    return value
+
+
+def probe_facts(npu_module: Any) -> dict[str, Any]:
+    """The graph-API features the installed ``torch.npu`` module really has.
+
+    Intercepted ops cannot be called to find out; they are read from the source text of the module
+    that implements ``update()`` where it is available, else left to the table.
+    """
+    graph_cls = getattr(npu_module, "NPUGraph", None)
+    graph_fn = getattr(npu_module, "graph", None)
+    params: set[str] = set()
+    if graph_fn is not None:
+        try:
+            params = set(inspect.signature(graph_fn.__init__ if inspect.isclass(graph_fn) else graph_fn).parameters)
+        except (TypeError, ValueError):
+            params = set()
+    return {
+        "graph_api": graph_cls is not None,
+        "update": graph_cls is not None and hasattr(graph_cls, "update"),
+        "auto_dispatch_capture": "auto_dispatch_capture" in params,
+        "task_group_api": all(hasattr(npu_module, n) for n in (
+            "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end")),
+        "external_event": hasattr(npu_module, "ExternalEvent"),
+    }
+
+
+_PROBED_KEYS = ("graph_api", "update", "auto_dispatch_capture", "task_group_api", "external_event")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this process's torch_npu offers, and where that conclusion came from."""
+
+    version: str | None
+    generation: str | None
+    facts: dict[str, Any]
+    source: str  # "table", "probe (table says ...)", "probe (release not in table)"
+
+    def path(self, op: AttentionOp, overload: str = ".default") -> str:
+        forced = forced_path()
+        if forced is not None:
+            return forced
+        return path_for(self.facts, op, overload)
+
+
+def detect(npu_module: Any, version: str | None) -> Capabilities:
+    """Probe ``npu_module`` (``torch.npu``), compare with the table row of ``version``; the probe wins."""
+    probed = probe_facts(npu_module)
+    table_gen = None
+    try:
+        table_gen = ascend_versions.generation_of(version) if version else None
+    except ValueError:
+        table_gen = None
+    if table_gen is not None:
+        table = ascend_versions.GENERATION_FACTS[table_gen]
+        if all(table[k] == probed[k] for k in _PROBED_KEYS):
+            return Capabilities(version, table_gen, dict(table), "table")
+    # Disagreement: the oldest generation with the probed features supplies the op rules (it
+    # intercepts the fewest ops, so no op is wrongly trusted to graph.update; the post-capture
+    # check catches the rest). Unknown release: the reference version rule decides whether the
+    # newest matching generation's rules apply, as documented.
+    matches = [g for g, f in ascend_versions.GENERATION_FACTS.items() if all(f[k] == probed[k] for k in _PROBED_KEYS)]
+    generation = None
+    if matches:
+        generation = matches[0]
+        if table_gen is None:
+            try:
+                newer = Version(str(version)) >= FALLBACK_MIN_GRAPH_UPDATE
+            except InvalidVersion:
+                newer = False
+            generation = matches[-1] if newer else matches[0]
+    facts = dict(ascend_versions.GENERATION_FACTS[generation]) if generation else {**probed, "update_ops": {}}
+    if table_gen is None and generation is not None and not newer:
+        facts["update_ops"] = {}
+    source = f"probe (table says {table_gen})" if table_gen else "probe (release not in table)"
+    logger.warning("vendor_graph.ascend: torch_npu %s: features %s; using %s rules (%s)",
+                   version, probed, generation or "no generation's", source)
+    return Capabilities(version, generation, facts, source)
