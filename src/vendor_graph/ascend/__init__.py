@@ -1,22 +1,22 @@
 """Graph mode for lmdeploy on Huawei Ascend: ``import vendor_graph.ascend`` before lmdeploy starts.
 
 Importing installs the Ascend buffer methods on lmdeploy's ``CudaGraphMixin`` and replaces what
-``AscendOpsBackend.build_graph_runner`` builds with :class:`~vendor_graph.ascend.runner.AscendGraphRunner`
+``AscendOpsBackend.build_graph_runner`` builds with :class:`~vendor_graph.npu.runner.AscendGraphRunner`
 (keeping the builder's side effects: ``AscendOpsBackend.enable_graph`` and ``max_batches``). lmdeploy's
 Ascend MoE padding, which asks dlinfer's ``get_ascend_compatible_size``, is routed through the
 runner's own sizes (:func:`vendor_graph.buckets.pad_to_bucket`), so the MoE token count and the
 graph's batch always agree.
 
-Vendor attention code registers its captured tasks through :func:`call_attention` (see ``hook``).
+Vendor attention code registers its captured tasks through :func:`call_attention` (``vendor_graph.npu.hook``).
 """
 
 from __future__ import annotations
 
 from .. import buckets, patching
+from ..npu.hook import call_attention, capturing
+from ..npu.seqlen import seqlen_update_path
 from ..specs.ascend import ascend_spec
 from ..vendor import VendorProfile, install
-from .hook import call_attention, capturing
-from .seqlen import seqlen_update_path
 
 DLINFER_ASCEND_RUNNER_MODULE = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"
 
@@ -34,7 +34,7 @@ def moe_padded_batch(batch: int) -> int:
 
 def _build_runner(original, *args, **kwargs):
     global _moe_capture_sizes
-    from .runner import build_graph_runner
+    from ..npu.runner import build_graph_runner
 
     runner = build_graph_runner(original, *args, **kwargs)
     _moe_capture_sizes = runner.get_capture_batch_sizes()

@@ -18,6 +18,7 @@ import torch
 
 from .. import buckets, patching
 from ..key import GraphKey
+from ..stats import GraphStats
 from . import hook
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
 
@@ -80,6 +81,7 @@ class AscendGraphRunner(GraphRunner):
         self._update_stream: Any = None
         self._fence: Any = None  # event recorded on the replay stream after the latest replay
         self._warned_oversize = False
+        self.stats = GraphStats()
 
     # -- lmdeploy GraphRunner API -----------------------------------------------------------------
 
@@ -107,17 +109,19 @@ class AscendGraphRunner(GraphRunner):
 
     def __call__(self, **kwargs):
         context = self.ctx_mgr.current_context()
-        if not (context.global_is_decoding() and self.enable_graph(**kwargs)):
-            return self._forward_eager(**kwargs)
+        if not context.global_is_decoding():
+            return self._forward_eager("not a decode step", **kwargs)
+        if not self.enable_graph(**kwargs):
+            return self._forward_eager("graph mode off for this model or step", **kwargs)
         key = self.get_graph_key(**kwargs)
         if key is None:
             if not self._warned_oversize:
                 self._warned_oversize = True
                 logger.warning("vendor_graph.ascend: a batch above the largest captured size %d ran eager; "
                                "raise max_batch_size to capture it", self.capture_sizes[-1])
-            return self._forward_eager(**kwargs)
+            return self._forward_eager("batch above the largest captured size", **kwargs)
         if key in self._eager_reasons:
-            return self._forward_eager(**kwargs)
+            return self._forward_eager(self._eager_reasons[key], **kwargs)
         graph = self._graphs.get(key)
         if graph is None:
             return self._capture(key, kwargs)
@@ -147,6 +151,7 @@ class AscendGraphRunner(GraphRunner):
             graph.output_buffers.clear()
         self._graphs.clear()
         self._eager_reasons.clear()
+        self.stats = GraphStats()
         self._pool = None
         self._fence = None
         if self._npu is not None and hasattr(self._npu, "empty_cache"):
@@ -159,7 +164,8 @@ class AscendGraphRunner(GraphRunner):
             self._npu, self._caps = npu_runtime()
         return self._npu, self._caps
 
-    def _forward_eager(self, **kwargs):
+    def _forward_eager(self, reason: str, **kwargs):
+        self.stats.eager(reason)
         output = self.model(**kwargs)
         return self.model.make_output_buffers(output)
 
@@ -201,6 +207,7 @@ class AscendGraphRunner(GraphRunner):
             logger.warning("vendor_graph.ascend: %s runs eager: %s", key, exc)
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
         graph.capture_seconds = time.perf_counter() - start
+        self.stats.captured(key.padded_batch, graph.capture_seconds)
         self._graphs[key] = graph
         logger.info("vendor_graph.ascend: captured %s in %.3fs (seq-len path %s, %d attention tasks)",
                     key, graph.capture_seconds, "/".join(sorted(graph.paths)), len(graph.tasks))
@@ -238,7 +245,7 @@ class AscendGraphRunner(GraphRunner):
     def _check_reach(npu_graph: Any, tasks: list[hook.AttentionTask]) -> str | None:
         """Why the update would miss a registered task, or None when every task is reached."""
         if not tasks:
-            return ("no attention op registered through vendor_graph.ascend.hook.call_attention during capture; "
+            return ("no attention op registered through vendor_graph.npu.hook.call_attention during capture; "
                     "its host KV lengths would stay frozen at their capture values")
         wanted = sum(1 for t in tasks if t.path == GRAPH_UPDATE)
         if wanted:
@@ -258,6 +265,7 @@ class AscendGraphRunner(GraphRunner):
         # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
         self._fence = npu.Event()
         self._fence.record(npu.current_stream())
+        self.stats.replayed(graph.key.padded_batch, kwargs["input_ids"].size(-1), graph.key.padded_tokens)
         return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
 
     def _refresh_seqlens(self, graph: AscendSingleGraph, lens: list[int]) -> None:
