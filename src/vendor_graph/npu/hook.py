@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .seqlen import ATTENTION_OPS, GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE, AttentionOp, Capabilities
 
 _SCOPE: contextvars.ContextVar[CaptureScope | None] = contextvars.ContextVar("vendor_graph_capture", default=None)
@@ -56,10 +58,15 @@ class AttentionTask:
     handle: Any = None  # task-group handle (task-update path)
     event: Any = None  # ExternalEvent the captured task waits on (task-update path)
 
-    def call_with(self, lens: Any) -> Any:
-        """Re-issue the op with new host KV lengths (task-update path)."""
+    def call_with(self, lens: list[int]) -> Any:
+        """Re-issue the op with new host KV lengths (task-update path), in the captured argument's form
+        (a host list, or a host tensor of the same dtype)."""
         args, kwargs = list(self.args), dict(self.kwargs)
-        if self.spec.position is None or self.spec.key in kwargs:
+        by_keyword = self.spec.position is None or self.spec.key in kwargs
+        captured = kwargs[self.spec.key] if by_keyword else args[self.spec.position]
+        if isinstance(captured, torch.Tensor):
+            lens = torch.tensor(lens, dtype=captured.dtype)
+        if by_keyword:
             kwargs[self.spec.key] = lens
         else:
             args[self.spec.position] = lens
@@ -92,6 +99,13 @@ class CaptureScope:
                 f"{spec.name}{overload}: torch_npu {self.capabilities.version} "
                 f"({self.capabilities.generation or 'unknown generation'}) offers no way to refresh its "
                 f"{spec.key} in a captured graph"
+            )
+        if path == TASK_UPDATE and overload != ".out" and not spec.writes_given_output:
+            # A re-issued functional op would write a fresh tensor, not the one the graph's later
+            # tasks read (torch_npu's own dispatcher swaps to .out for the same reason).
+            raise NoSeqLenUpdate(
+                f"{spec.name}{overload} needs the task-update path here, which re-issues the op: call "
+                f"{spec.name}.out with preallocated outputs under capture"
             )
         task = AttentionTask(op=op, spec=spec, path=path, args=args, kwargs=kwargs)
         if path == GRAPH_UPDATE:

@@ -47,13 +47,15 @@ class AttentionOp:
     name: str  # op name without overload, as torch_npu's dispatcher sees it
     key: str  # the update key (cpu_update_input dict key and argument name)
     position: int | None  # index among positional args, None when passed by keyword
+    # Whether every overload writes into a caller-given output (else only ``.out`` does).
+    writes_given_output: bool = False
 
 
 FIA = AttentionOp("npu_fused_infer_attention_score", "actual_seq_lengths_kv", None)
 FIA_V2 = AttentionOp("npu_fused_infer_attention_score_v2", "actual_seq_kvlen", None)
-PAGED_ATTENTION = AttentionOp("_npu_paged_attention", "context_lens", 7)
+PAGED_ATTENTION = AttentionOp("_npu_paged_attention", "context_lens", 7, writes_given_output=True)
 MLA = AttentionOp("npu_multi_head_latent_attention", "context_lens", 5)
-PAGED_ATTENTION_MLA = AttentionOp("_npu_paged_attention_mla", "context_lens", 5)
+PAGED_ATTENTION_MLA = AttentionOp("_npu_paged_attention_mla", "context_lens", 6, writes_given_output=True)
 ATTENTION_OPS = {op.name: op for op in (FIA, FIA_V2, PAGED_ATTENTION, MLA, PAGED_ATTENTION_MLA)}
 
 

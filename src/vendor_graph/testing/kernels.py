@@ -1,0 +1,676 @@
+"""Emulated vendor attention kernels, registered as ``torch.library`` operators.
+
+The simulator (``vendor_graph.testing.sim``) records device work at capture and replays it later. For
+that to reproduce what a vendor graph does, the attention and KV-cache kernels must be single
+operators that reach the dispatcher with the vendor's argument semantics: which arguments are device
+tensors (read at replay), which are host values (frozen at capture, changed only through the vendor's
+update API), and what the kernel does with padding. Each operator here has
+
+- a ``CPU`` kernel (plain tensors; the simulator's wrapper tensors unwrap to these), and
+- a fake/meta kernel for shape inference during capture.
+
+No kernel reads a DEVICE tensor on the host (no ``.item()``/``.tolist()``, no data-dependent shape):
+lengths held in device tensors are applied with masks over the static capacity of the block table.
+HOST sequence lengths (``SymInt[]`` lists, or the host tensors Ascend's ATB ops take) are read on the
+host, as the real kernels do; that is what freezes them into a captured graph.
+
+Operators and where their name and schema come from (``research/torch_npu_api.md`` §4 = "research"):
+
+==============================================  =====================================================
+operator                                        source
+==============================================  =====================================================
+``npu::npu_fused_infer_attention_score``        real name; research quotes the head of the schema:
+  (``.default`` and ``.out``)                   ``query, key, value`` positional, then keyword-only
+                                                ``pse_shift, atten_mask, actual_seq_lengths,
+                                                actual_seq_lengths_kv`` (indices 3..6). The keyword
+                                                arguments after those are a subset of torch_npu's
+                                                public ones, named as torch_npu documents them but
+                                                not checked against a wheel; the many quantisation /
+                                                shared-prefix arguments are left out. ``.out`` adds
+                                                ``workspace, attention_out, softmax_lse``.
+``npu::npu_fused_infer_attention_score_v2``     real name; research: ``actual_seq_qlen`` /
+  (``.default`` and ``.out``)                   ``actual_seq_kvlen`` at indices 7 / 8 (after
+                                                ``query_rope, key_rope, pse_shift, atten_mask``).
+                                                Tail: same caveat as v1.
+``npu::npu_multi_head_latent_attention``        real name; research quotes ``(q_nope, q_rope, ctkv,
+  (``.default`` and ``.out``)                   k_rope, block_tables, SymInt[] context_lens, ...``
+                                                (``context_lens`` positional at index 5). The tail
+                                                ``q_headnum, qk_scale, kv_headnum, *, mask, qseqlen,
+                                                ..., cache_mode`` and the ``.out`` argument
+                                                ``attn_out`` are best known, not verified.
+``atb::_npu_paged_attention``                   real name; research: ``context_lens`` positional at
+                                                index 7 and second to last (``args[-2]``), capture
+                                                returns None. The other argument names follow the
+                                                public call sites (``query, key_cache, value_cache,
+                                                num_kv_heads, num_heads, scale_value, block_table,
+                                                context_lens, out``).
+``atb::_npu_paged_attention_mla``               real name (research: not updatable by
+                                                ``NPUGraph.update``); arguments follow the public call
+                                                sites (``query, key_cache, num_kv_heads, num_heads,
+                                                scale_value, block_table, context_lens,
+                                                mla_vheadsize, out``), not verified.
+``vendor_graph_sim::fill_kv_cache``             INVENTED (the vendors' reshape-and-cache kernels are
+                                                not in the research): dlinfer's ``fill_kv_cache``
+                                                semantics, one slot per token, negative slot skipped.
+``vendor_graph_sim::camb_paged_decode_attention``  INVENTED name: Camb's decode attention with
+                                                ``max_kv_seq_len`` (``<= 0``: derive from the device
+                                                ``kv_seqlens``; ``> 0``: attend to at most that many
+                                                positions).
+``vendor_graph_sim::maca_paged_decode_attention``  INVENTED name: MACA's decode attention (lengths
+                                                from the device ``kv_seqlens`` only).
+==============================================  =====================================================
+
+If an operator of the same name already exists (a real torch_npu is loaded), it is left alone and
+the emulated one is not registered; :data:`REGISTERED` lists what this module registered.
+
+KV cache layouts (lmdeploy's ``<Vendor>OpsBackend.get_k_block_shape``): Ascend and MACA
+``(num_blocks, block_size, num_kv_heads, head_dim)`` (``layout="bshd"``), Camb
+``(num_blocks, num_kv_heads, block_size, head_dim)`` (``layout="bhsd"``). A slot index is
+``block_id * block_size + offset``.
+
+Numerics: every attention kernel gathers the whole block-table capacity, masks positions outside a
+row's length, accumulates in float64 and rounds once to the query dtype. Rows with nothing to attend
+to (padding rows with length 0) return zeros. Garbage (even NaN) in unused cache slots never reaches
+the output. Results are deterministic and, because of the float64 accumulation, practically
+independent of the batch size and of the width of the block table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.library import Library
+
+SIM_NAMESPACE = "vendor_graph_sim"
+LAYOUTS = ("bshd", "bhsd")
+_INT_MAX = 2147483647
+
+REGISTERED: list[str] = []
+_LIBS: dict[str, Library] = {}
+
+
+# --------------------------------------------------------------------------------------------------
+# shared math
+
+
+def _lib(namespace: str) -> Library:
+    if namespace not in _LIBS:
+        _LIBS[namespace] = Library(namespace, "FRAGMENT")
+    return _LIBS[namespace]
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"cache layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def gather_paged(cache: Tensor, block_table: Tensor, layout: str = "bshd") -> Tensor:
+    """All positions a block table can address, per row: ``(B, blocks * block_size, heads, dim)``.
+
+    Block ids are clamped into range (a padding row's table may hold anything); positions beyond a
+    row's length are masked by the caller, never read on the host.
+    """
+    _check_layout(layout)
+    ids = block_table.long().clamp(0, cache.shape[0] - 1)
+    blocks = cache[ids]  # (B, MB, BS, H, D) or (B, MB, H, BS, D)
+    if layout == "bhsd":
+        blocks = blocks.transpose(2, 3)
+    b, mb, bs, h, d = blocks.shape
+    return blocks.reshape(b, mb * bs, h, d)
+
+
+def _host_lengths(lengths: Sequence[int] | Tensor | None, batch: int, default: int, what: str) -> Tensor:
+    """A host length list (or host tensor) as an int64 CPU tensor of ``batch`` entries."""
+    if lengths is None:
+        return torch.full((batch,), default, dtype=torch.int64)
+    values = lengths.tolist() if isinstance(lengths, Tensor) else list(lengths)
+    if len(values) == 1 and batch != 1:
+        values = values * batch
+    if len(values) != batch:
+        raise ValueError(f"{what} has {len(values)} entries for a batch of {batch}")
+    return torch.tensor([int(v) for v in values], dtype=torch.int64)
+
+
+def _attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Masked grouped-query attention.
+
+    ``query (B, S, N, Dk)``, ``key (B, P, KVH, Dk)``, ``value (B, P, KVH, Dv)``, ``allowed (B, S, P)``
+    bool. Returns the output ``(B, S, N, Dv)`` in the query's dtype and the log-sum-exp
+    ``(B, N, S)`` in float32 (``-inf`` for rows with nothing allowed, whose output is 0).
+    """
+    b, s, n, dk = query.shape
+    kvh = key.shape[2]
+    if n % kvh:
+        raise ValueError(f"{n} query heads are not a multiple of {kvh} KV heads")
+    g = n // kvh
+    q = query.to(torch.float64).reshape(b, s, kvh, g, dk)
+    k = key.to(torch.float64)
+    mask = allowed.reshape(b, 1, 1, s, -1)
+    # Unused slots may hold anything, NaN included: keep them out of both products.
+    anywhere = allowed.any(dim=1).reshape(b, -1, 1, 1)
+    k = torch.where(anywhere, k, torch.zeros((), dtype=k.dtype))
+    v = torch.where(anywhere, value.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    scores = torch.einsum("bskgd,bpkd->bkgsp", q, k) * scale
+    scores = torch.where(mask, scores, torch.full((), float("-inf"), dtype=scores.dtype))
+    peak = scores.amax(dim=-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros((), dtype=peak.dtype))
+    weights = torch.where(mask, torch.exp(scores - peak), torch.zeros((), dtype=scores.dtype))
+    total = weights.sum(dim=-1, keepdim=True)
+    probs = weights / torch.where(total > 0, total, torch.ones((), dtype=total.dtype))
+    out = torch.einsum("bkgsp,bpkd->bskgd", probs, v).reshape(b, s, n, -1)
+    lse = (peak + torch.log(total)).reshape(b, n, s)
+    return out.to(query.dtype), lse.to(torch.float32)
+
+
+def _positions(capacity: int, device: torch.device) -> Tensor:
+    return torch.arange(capacity, dtype=torch.int64, device=device)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache fill (invented name; dlinfer fill_kv_cache semantics)
+
+
+def _fill_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                   kv_start_indices: Tensor, layout: str = "bshd") -> None:
+    _check_layout(layout)
+    tokens = key.shape[0]
+    index = kv_start_indices.reshape(-1).to(torch.int64)
+    if index.numel() != tokens:
+        raise ValueError(f"kv_start_indices has {index.numel()} slots for {tokens} tokens")
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        if cache.dim() != 4:
+            raise ValueError(f"KV cache must be 4-d ({layout}), got shape {tuple(cache.shape)}")
+        if layout == "bshd":
+            nb, bs, h, d = cache.shape
+            flat = cache.view(nb * bs, h, d)
+        else:
+            nb, h, bs, d = cache.shape
+            flat = cache.transpose(1, 2).reshape(nb * bs, h, d)
+        rows = src.reshape(tokens, h, d).to(cache.dtype)
+        _masked_slot_write(flat, rows, index)
+        if layout == "bhsd":  # flat is a copy for this layout: write it back
+            cache.copy_(flat.view(nb, bs, h, d).transpose(1, 2))
+
+
+def _masked_slot_write(flat: Tensor, rows: Tensor, index: Tensor) -> None:
+    """``flat[index[t]] = rows[t]`` for ``index[t] >= 0``; negative slots write nothing.
+
+    Without a host sync: every row is written, padding rows to slot 0 with the value slot 0 has after
+    the live writes (its old contents, or the last live row aimed at slot 0), so duplicates agree and
+    the result does not depend on the order of the writes.
+    """
+    if index.numel() == 0:
+        return
+    live = index >= 0
+    safe = index.clamp(min=0)
+    to_zero = live & (index == 0)
+    order = torch.arange(index.numel(), dtype=torch.int64, device=index.device)
+    last = torch.where(to_zero, order, torch.zeros((), dtype=torch.int64)).amax().reshape(1)
+    slot0_after = torch.where(to_zero.any(), rows.index_select(0, last)[0], flat[0])
+    shape = (-1,) + (1,) * (rows.dim() - 1)
+    src = torch.where(live.view(shape), rows, slot0_after.unsqueeze(0))
+    flat.index_copy_(0, safe, src)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ascend: FIA v1 / v2
+
+
+def _tnd_rows(q_lens: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """TND: ``actual_seq_lengths`` are cumulative query ends; per batch row, its starts and lengths."""
+    if q_lens is None:
+        raise ValueError("input_layout TND needs actual_seq_lengths (cumulative query ends, host)")
+    ends = [int(v) for v in q_lens]
+    starts = [0, *ends[:-1]]
+    return starts, [e - s for s, e in zip(starts, ends, strict=True)]
+
+
+def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor | None, key_rope: Tensor | None,
+              atten_mask: Tensor | None, q_lens: Sequence[int] | None, kv_lens: Sequence[int] | None,
+              block_table: Tensor | None, num_heads: int, num_kv_heads: int, scale: float, layout: str,
+              sparse_mode: int, block_size: int, pre_tokens: int, next_tokens: int) -> tuple[Tensor, Tensor]:
+    """FIA semantics shared by v1 and v2.
+
+    Layouts: ``BSH`` query ``(B, S, N*D)``, ``BSND`` ``(B, S, N, D)`` (``q_lens``: per-row query
+    lengths, default S) and ``TND`` ``(T, N, D)`` (``q_lens``: cumulative query ends, required; paged
+    only). Paged (``block_table`` given): key/value are the caches, ``(blocks, block_size, KVH*D)`` or
+    ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths (default: all positions).
+    ``sparse_mode`` 0: ``atten_mask`` (True = masked) and the ``pre_tokens``/``next_tokens`` band
+    apply; 3: causal aligned at the bottom right, ``atten_mask`` being the compressed template.
+    Returns the output in the query's layout and the LSE ``(B, N, S, 1)`` (``(T, N, 1)`` for TND).
+    """
+    if layout not in ("BSH", "BSND", "TND"):
+        raise NotImplementedError(f"emulated FIA supports input_layout BSH, BSND and TND, not {layout!r}")
+    if sparse_mode not in (0, 3):
+        raise NotImplementedError(f"emulated FIA supports sparse_mode 0 and 3, not {sparse_mode}")
+    num_kv_heads = num_kv_heads or num_heads
+    device = query.device
+    if layout == "TND":
+        if block_table is None:
+            raise NotImplementedError("emulated FIA: TND is supported for paged KV (block_table) only")
+        starts, per_row = _tnd_rows(q_lens)
+        b, s = len(per_row), max(per_row, default=0) or 1
+        valid = [(i, j) for i in range(b) for j in range(per_row[i])]
+        pick = torch.zeros(b * s, dtype=torch.int64)
+        for i, j in valid:
+            pick[i * s + j] = starts[i] + j
+        pick = pick.to(device)
+
+        def batched(x: Tensor) -> Tensor:
+            return x.reshape(x.shape[0], num_heads, -1).index_select(0, pick).reshape(b, s, num_heads, -1)
+
+        q = batched(query)
+        if query_rope is not None:
+            q = torch.cat((q, batched(query_rope).to(q.dtype)), dim=-1)
+        ql = torch.tensor(per_row, dtype=torch.int64, device=device)
+    else:
+        b, s = query.shape[:2]
+        q = query.reshape(b, s, num_heads, -1)
+        if query_rope is not None:
+            q = torch.cat((q, query_rope.reshape(b, s, num_heads, -1).to(q.dtype)), dim=-1)
+        ql = _host_lengths(q_lens, b, s, "actual_seq_lengths").to(device).clamp(max=s)
+
+    if block_table is not None:
+        if block_size <= 0:
+            raise ValueError("paged FIA (block_table given) needs block_size > 0")
+
+        def blocks(x: Tensor) -> Tensor:
+            return x if x.dim() == 4 else x.reshape(x.shape[0], block_size, num_kv_heads, -1)
+
+        k = gather_paged(blocks(key), block_table)
+        v = gather_paged(blocks(value), block_table)
+        if key_rope is not None:
+            k = torch.cat((k, gather_paged(blocks(key_rope), block_table).to(k.dtype)), dim=-1)
+    else:
+        k = key.reshape(b, key.shape[1], num_kv_heads, -1)
+        v = value.reshape(b, value.shape[1], num_kv_heads, -1)
+        if key_rope is not None:
+            k = torch.cat((k, key_rope.reshape(b, key_rope.shape[1], num_kv_heads, -1).to(k.dtype)), dim=-1)
+    capacity = k.shape[1]
+    kv = _host_lengths(kv_lens, b, capacity, "actual_seq_lengths_kv").to(device).clamp(max=capacity)
+    pos = _positions(capacity, device).view(1, 1, capacity)
+    row = _positions(s, device).view(1, s, 1)
+    allowed = (pos < kv.view(b, 1, 1)) & (row < ql.view(b, 1, 1))
+    if sparse_mode == 3:  # causal, aligned at the bottom right of each (q_len, kv_len) rectangle
+        allowed &= pos <= (kv - ql).view(b, 1, 1) + row
+    else:
+        if atten_mask is not None:
+            m = atten_mask.to(torch.bool)
+            m = m.reshape(m.shape[0], *m.shape[-2:]) if m.dim() == 4 else m
+            width = m.shape[-1]
+            if width >= capacity:
+                m = m[..., :capacity]
+            else:
+                m = torch.nn.functional.pad(m, (0, capacity - width), value=False)
+            allowed &= ~m[..., :s, :]
+        if pre_tokens < _INT_MAX or next_tokens < _INT_MAX:  # band around the bottom-right diagonal
+            diag = (kv - ql).view(b, 1, 1) + row
+            allowed &= (pos >= diag - pre_tokens) & (pos <= diag + next_tokens)
+    out, lse = _attend(q, k, v, allowed, scale)
+    if layout == "TND":
+        dv = out.shape[-1]
+        result = query.new_zeros(query.shape[0], num_heads, dv)
+        lse_t = torch.full((query.shape[0], num_heads, 1), float("-inf"), dtype=torch.float32, device=device)
+        if valid:
+            src = torch.tensor([i * s + j for i, j in valid], dtype=torch.int64, device=device)
+            dst = torch.tensor([starts[i] + j for i, j in valid], dtype=torch.int64, device=device)
+            result.index_copy_(0, dst, out.reshape(b * s, num_heads, dv).index_select(0, src))
+            lse_t.index_copy_(0, dst, lse.transpose(1, 2).reshape(b * s, num_heads, 1).index_select(0, src))
+        return result, lse_t
+    return (out.reshape(b, s, -1) if layout == "BSH" else out), lse.unsqueeze(-1)
+
+
+def _fia_out_shape(query: Tensor, value: Tensor, num_heads: int, num_kv_heads: int, layout: str) -> tuple[int, ...]:
+    b, s = query.shape[:2]
+    num_kv_heads = num_kv_heads or num_heads
+    dv = value.shape[-1] if value.dim() == 4 else value.shape[-1] // num_kv_heads
+    if layout == "TND":
+        return (query.shape[0], num_heads, dv)
+    return (b, s, num_heads * dv) if layout == "BSH" else (b, s, num_heads, dv)
+
+
+def _lse_shape(query: Tensor, num_heads: int, flag: bool, layout: str) -> tuple[int, ...]:
+    if not flag:
+        return (1,)
+    return (query.shape[0], num_heads, 1) if layout == "TND" else (query.shape[0], num_heads, query.shape[1], 1)
+
+
+_FIA_V1_KWARGS = (
+    "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
+    "SymInt[]? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, "
+    "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+    "int num_key_value_heads=0, int sparse_mode=0, int block_size=0, bool softmax_lse_flag=False"
+)
+
+
+def _fia_v1(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+            actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
+            next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
+            softmax_lse_flag=False):
+    if pse_shift is not None:
+        raise NotImplementedError("emulated FIA: pse_shift is not supported")
+    out, lse = _fia_core(query, key, value, query_rope=None, key_rope=None, atten_mask=atten_mask,
+                         q_lens=actual_seq_lengths, kv_lens=actual_seq_lengths_kv, block_table=block_table,
+                         num_heads=num_heads, num_kv_heads=num_key_value_heads, scale=scale, layout=input_layout,
+                         sparse_mode=sparse_mode, block_size=block_size, pre_tokens=pre_tokens,
+                         next_tokens=next_tokens)
+    return out, (lse if softmax_lse_flag else torch.zeros(1, dtype=torch.float32, device=query.device))
+
+
+def _fia_v1_out(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
+                next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
+                softmax_lse_flag=False, workspace=None, attention_out, softmax_lse):
+    out, lse = _fia_v1(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                       actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                       block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
+                       next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+                       sparse_mode=sparse_mode, block_size=block_size, softmax_lse_flag=softmax_lse_flag)
+    attention_out.copy_(out.reshape(attention_out.shape))
+    if softmax_lse_flag:
+        softmax_lse.copy_(lse.reshape(softmax_lse.shape))
+    return attention_out, softmax_lse
+
+
+def _fia_v1_fake(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                 actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
+                 next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
+                 softmax_lse_flag=False):
+    shape = _fia_out_shape(query, value, num_heads, num_key_value_heads, input_layout)
+    return query.new_empty(shape), query.new_empty(_lse_shape(query, num_heads, softmax_lse_flag, input_layout),
+                                                   dtype=torch.float32)
+
+
+def _fia_v1_out_fake(query, key, value, *, attention_out, softmax_lse, **kwargs):
+    return attention_out, softmax_lse
+
+
+_FIA_V2_KWARGS = (
+    "Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? atten_mask=None, "
+    "SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, "
+    "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, "
+    "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, "
+    "int block_size=0, bool return_softmax_lse=False"
+)
+
+
+def _fia_v2(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None,
+            actual_seq_qlen=None, actual_seq_kvlen=None, block_table=None, num_query_heads=1, num_key_value_heads=0,
+            softmax_scale=1.0, pre_tokens=_INT_MAX, next_tokens=_INT_MAX, input_layout="BSH", sparse_mode=0,
+            block_size=0, return_softmax_lse=False):
+    if pse_shift is not None:
+        raise NotImplementedError("emulated FIA v2: pse_shift is not supported")
+    out, lse = _fia_core(query, key, value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
+                         q_lens=actual_seq_qlen, kv_lens=actual_seq_kvlen, block_table=block_table,
+                         num_heads=num_query_heads, num_kv_heads=num_key_value_heads, scale=softmax_scale,
+                         layout=input_layout, sparse_mode=sparse_mode, block_size=block_size,
+                         pre_tokens=pre_tokens, next_tokens=next_tokens)
+    return out, (lse if return_softmax_lse else torch.zeros(1, dtype=torch.float32, device=query.device))
+
+
+def _fia_v2_out(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None,
+                actual_seq_qlen=None, actual_seq_kvlen=None, block_table=None, num_query_heads=1,
+                num_key_value_heads=0, softmax_scale=1.0, pre_tokens=_INT_MAX, next_tokens=_INT_MAX,
+                input_layout="BSH", sparse_mode=0, block_size=0, return_softmax_lse=False, workspace=None,
+                attention_out, softmax_lse):
+    out, lse = _fia_v2(query, key, value, query_rope=query_rope, key_rope=key_rope, pse_shift=pse_shift,
+                       atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
+                       block_table=block_table, num_query_heads=num_query_heads,
+                       num_key_value_heads=num_key_value_heads, softmax_scale=softmax_scale, pre_tokens=pre_tokens,
+                       next_tokens=next_tokens, input_layout=input_layout, sparse_mode=sparse_mode,
+                       block_size=block_size, return_softmax_lse=return_softmax_lse)
+    attention_out.copy_(out.reshape(attention_out.shape))
+    if return_softmax_lse:
+        softmax_lse.copy_(lse.reshape(softmax_lse.shape))
+    return attention_out, softmax_lse
+
+
+def _fia_v2_fake(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None,
+                 actual_seq_qlen=None, actual_seq_kvlen=None, block_table=None, num_query_heads=1,
+                 num_key_value_heads=0, softmax_scale=1.0, pre_tokens=_INT_MAX, next_tokens=_INT_MAX,
+                 input_layout="BSH", sparse_mode=0, block_size=0, return_softmax_lse=False):
+    shape = _fia_out_shape(query, value, num_query_heads, num_key_value_heads, input_layout)
+    return query.new_empty(shape), query.new_empty(_lse_shape(query, num_query_heads, return_softmax_lse, input_layout),
+                                                   dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ascend: MLA (npu) and ATB paged attention
+
+
+_MLA_ARGS = (
+    "Tensor q_nope, Tensor q_rope, Tensor ctkv, Tensor k_rope, Tensor block_tables, SymInt[] context_lens, "
+    "int q_headnum, float qk_scale, int kv_headnum, *, Tensor? mask=None, SymInt[]? qseqlen=None, "
+    "Tensor? qk_descale=None, Tensor? pv_descale=None, str? mask_type=None, str? calc_type=None, "
+    "str? cache_mode=None"
+)
+
+
+def _mla(q_nope, q_rope, ctkv, k_rope, block_tables, context_lens, q_headnum, qk_scale, kv_headnum, *,
+         mask=None, qseqlen=None, qk_descale=None, pv_descale=None, mask_type=None, calc_type=None, cache_mode=None):
+    if mask is not None or qseqlen is not None or qk_descale is not None or pv_descale is not None:
+        raise NotImplementedError("emulated MLA: decode only (no mask, qseqlen or descale)")
+    if cache_mode not in (None, "krope_ctkv"):
+        raise NotImplementedError(f"emulated MLA: ND caches only (cache_mode None/'krope_ctkv'), not {cache_mode!r}")
+    b = q_nope.shape[0]
+    q = torch.cat((q_nope.reshape(b, q_headnum, -1), q_rope.reshape(b, q_headnum, -1).to(q_nope.dtype)), dim=-1)
+    c = gather_paged(ctkv.reshape(*ctkv.shape[:2], kv_headnum, -1), block_tables)
+    kr = gather_paged(k_rope.reshape(*k_rope.shape[:2], kv_headnum, -1), block_tables)
+    k = torch.cat((c, kr.to(c.dtype)), dim=-1)
+    lens = _host_lengths(context_lens, b, c.shape[1], "context_lens").to(q.device)
+    allowed = (_positions(c.shape[1], q.device).view(1, 1, -1) < lens.view(b, 1, 1))
+    out, _ = _attend(q.unsqueeze(1), k, c, allowed, qk_scale)
+    return out.squeeze(1)
+
+
+def _mla_out(q_nope, q_rope, ctkv, k_rope, block_tables, context_lens, q_headnum, qk_scale, kv_headnum, *,
+             mask=None, qseqlen=None, qk_descale=None, pv_descale=None, mask_type=None, calc_type=None,
+             cache_mode=None, attn_out):
+    out = _mla(q_nope, q_rope, ctkv, k_rope, block_tables, context_lens, q_headnum, qk_scale, kv_headnum,
+               mask=mask, qseqlen=qseqlen, qk_descale=qk_descale, pv_descale=pv_descale, mask_type=mask_type,
+               calc_type=calc_type, cache_mode=cache_mode)
+    attn_out.copy_(out.reshape(attn_out.shape))
+    return attn_out
+
+
+def _mla_fake(q_nope, q_rope, ctkv, k_rope, block_tables, context_lens, q_headnum, qk_scale, kv_headnum, **kwargs):
+    return q_nope.new_empty((q_nope.shape[0], q_headnum, ctkv.shape[-1] if ctkv.dim() == 4 else
+                             ctkv.shape[-1] // kv_headnum))
+
+
+def _mla_out_fake(*args, attn_out, **kwargs):
+    return attn_out
+
+
+def _paged_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor, lengths: Tensor,
+                  scale: float, layout: str) -> Tensor:
+    """Decode attention over a paged cache, ``query (B, N, D)``, lengths a ``(B,)`` tensor."""
+    b = query.shape[0]
+    k = gather_paged(key_cache, block_table, layout)
+    v = gather_paged(value_cache, block_table, layout)
+    lens = lengths.reshape(-1).to(device=query.device, dtype=torch.int64)
+    allowed = _positions(k.shape[1], query.device).view(1, 1, -1) < lens.view(b, 1, 1)
+    out, _ = _attend(query.reshape(b, 1, query.shape[1], -1), k, v, allowed, scale)
+    return out.squeeze(1)
+
+
+def _atb_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
+                         context_lens, out):
+    lens = _host_lengths(context_lens, query.shape[0], 0, "context_lens")
+    kc = key_cache.reshape(*key_cache.shape[:2], num_kv_heads, -1)
+    vc = value_cache.reshape(*value_cache.shape[:2], num_kv_heads, -1)
+    res = _paged_decode(query.reshape(query.shape[0], num_heads, -1), kc, vc, block_table, lens, scale_value, "bshd")
+    out.copy_(res.reshape(out.shape))
+
+
+def _atb_paged_attention_mla(query, key_cache, num_kv_heads, num_heads, scale_value, block_table, context_lens,
+                             mla_vheadsize, out):
+    lens = _host_lengths(context_lens, query.shape[0], 0, "context_lens")
+    kc = key_cache.reshape(*key_cache.shape[:2], num_kv_heads, -1)
+    res = _paged_decode(query.reshape(query.shape[0], num_heads, -1), kc, kc[..., :mla_vheadsize], block_table,
+                        lens, scale_value, "bshd")
+    out.copy_(res.reshape(out.shape))
+
+
+# --------------------------------------------------------------------------------------------------
+# Camb and MACA decode attention (invented names)
+
+
+def _camb_decode(query, key_cache, value_cache, block_table, kv_seqlens, max_kv_seq_len, softmax_scale):
+    lens = kv_seqlens.reshape(-1).to(torch.int64)
+    if max_kv_seq_len > 0:
+        # The kernel walks only max_kv_seq_len positions: a value frozen at capture that is smaller
+        # than a later length silently drops the tail of that sequence.
+        lens = lens.clamp(max=max_kv_seq_len)
+    return _paged_decode(query, key_cache, value_cache, block_table, lens, softmax_scale, "bhsd")
+
+
+def _maca_decode(query, key_cache, value_cache, block_table, kv_seqlens, softmax_scale):
+    return _paged_decode(query, key_cache, value_cache, block_table, kv_seqlens, softmax_scale, "bshd")
+
+
+def _no_output(*args, **kwargs) -> None:
+    return None
+
+
+def _decode_fake(query, key_cache, value_cache, *args, **kwargs):
+    return query.new_empty((*query.shape[:-1], value_cache.shape[-1]))
+
+
+# --------------------------------------------------------------------------------------------------
+# registration
+
+
+def _exists(namespace: str, name: str, overload: str) -> bool:
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return overload in packet.overloads()
+
+
+def _register(namespace: str, schema: str, kernel, fake) -> None:
+    head = schema.split("(", 1)[0]
+    name, _, overload = head.partition(".")
+    qualname = f"{namespace}::{head}"
+    if _exists(namespace, name, overload or "default"):
+        return  # a real implementation (or an earlier import of this module) owns it
+    lib = _lib(namespace)
+    lib.define(schema)
+    lib.impl(head, kernel, "CPU")
+    torch.library.register_fake(qualname, fake, lib=lib)
+    REGISTERED.append(qualname)
+
+
+def register() -> list[str]:
+    """Register every emulated operator not already defined (done at import). Returns :data:`REGISTERED`."""
+    fia_out = "Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse"
+    _register("npu", f"npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, {_FIA_V1_KWARGS})"
+              " -> (Tensor, Tensor)", _fia_v1, _fia_v1_fake)
+    _register("npu", f"npu_fused_infer_attention_score.out(Tensor query, Tensor key, Tensor value, *, "
+              f"{_FIA_V1_KWARGS}, {fia_out}) -> (Tensor(a!), Tensor(b!))", _fia_v1_out, _fia_v1_out_fake)
+    _register("npu", f"npu_fused_infer_attention_score_v2(Tensor query, Tensor key, Tensor value, *, "
+              f"{_FIA_V2_KWARGS}) -> (Tensor, Tensor)", _fia_v2, _fia_v2_fake)
+    _register("npu", f"npu_fused_infer_attention_score_v2.out(Tensor query, Tensor key, Tensor value, *, "
+              f"{_FIA_V2_KWARGS}, {fia_out}) -> (Tensor(a!), Tensor(b!))", _fia_v2_out, _fia_v1_out_fake)
+    _register("npu", f"npu_multi_head_latent_attention({_MLA_ARGS}) -> Tensor", _mla, _mla_fake)
+    _register("npu", f"npu_multi_head_latent_attention.out({_MLA_ARGS}, Tensor(a!) attn_out) -> Tensor(a!)",
+              _mla_out, _mla_out_fake)
+    _register("atb", "_npu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, "
+              "int num_heads, float scale_value, Tensor block_table, Tensor context_lens, Tensor(a!) out) -> ()",
+              _atb_paged_attention, _no_output)
+    _register("atb", "_npu_paged_attention_mla(Tensor query, Tensor key_cache, int num_kv_heads, int num_heads, "
+              "float scale_value, Tensor block_table, Tensor context_lens, int mla_vheadsize, Tensor(a!) out) -> ()",
+              _atb_paged_attention_mla, _no_output)
+    _register(SIM_NAMESPACE, "fill_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+              "Tensor kv_start_indices, str layout=\"bshd\") -> ()", _fill_kv_cache, _no_output)
+    _register(SIM_NAMESPACE, "camb_paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
+              "Tensor block_table, Tensor kv_seqlens, int max_kv_seq_len, float softmax_scale) -> Tensor",
+              _camb_decode, _decode_fake)
+    _register(SIM_NAMESPACE, "maca_paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
+              "Tensor block_table, Tensor kv_seqlens, float softmax_scale) -> Tensor", _maca_decode, _decode_fake)
+    return REGISTERED
+
+
+register()
+
+
+# --------------------------------------------------------------------------------------------------
+# typed entry points (what the tiny model calls) and a reference
+
+
+def fill_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, kv_start_indices: Tensor,
+                  layout: str = "bshd") -> None:
+    """Write ``key[t]``/``value[t]`` (``(T, KVH, D)``) at slot ``kv_start_indices[t]`` of each cache.
+
+    ``kv_start_indices`` holds one slot per token in any shape (Ascend/Camb ``(T,)`` int32, MACA
+    ``(T, 1)`` int64); a slot is ``block_id * block_size + offset``. A negative slot writes nothing:
+    padding rows of a graph batch carry ``-1``. Nothing else in the caches changes.
+    """
+    torch.ops.vendor_graph_sim.fill_kv_cache(key, value, key_cache, value_cache, kv_start_indices, layout)
+
+
+def camb_paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
+                                kv_seqlens: Tensor, max_kv_seq_len: int, softmax_scale: float) -> Tensor:
+    """Camb decode attention: ``query (B, N, D)``, caches ``(blocks, KVH, block_size, D)``.
+
+    ``kv_seqlens (B,)`` is a device tensor (lengths including this step's token). ``max_kv_seq_len``
+    is a Python int, so a graph freezes it: ``<= 0`` lets the kernel take each row's length from
+    ``kv_seqlens`` on the device (what a graph must pass); ``> 0`` makes it attend to at most that
+    many positions per row, so a value frozen at capture that is smaller than a later length gives a
+    wrong result. Rows of length 0 return zeros.
+    """
+    return torch.ops.vendor_graph_sim.camb_paged_decode_attention(query, key_cache, value_cache, block_table,
+                                                                  kv_seqlens, int(max_kv_seq_len), float(softmax_scale))
+
+
+def maca_paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
+                                kv_seqlens: Tensor, softmax_scale: float) -> Tensor:
+    """MACA decode attention: ``query (B, N, D)``, caches ``(blocks, block_size, KVH, D)``, lengths
+    from the device tensor ``kv_seqlens (B,)`` only (lmdeploy passes ``max_kv_seq_len=-1`` in decode)."""
+    return torch.ops.vendor_graph_sim.maca_paged_decode_attention(query, key_cache, value_cache, block_table,
+                                                                  kv_seqlens, float(softmax_scale))
+
+
+def reference_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table, kv_lens,
+                              scale: float, layout: str = "bshd") -> Tensor:
+    """Straightforward decode attention for tests: per sequence, gather its ``kv_lens[b]`` cached
+    positions one by one through the block table and run dense softmax attention per head (float64).
+    ``query (B, N, D)``; returns ``(B, N, Dv)`` in the query's dtype; empty rows are zeros."""
+    _check_layout(layout)
+    table = block_table.tolist() if isinstance(block_table, Tensor) else [list(r) for r in block_table]
+    lens = kv_lens.tolist() if isinstance(kv_lens, Tensor) else list(kv_lens)
+    bsz, n = query.shape[:2]
+    kvh = key_cache.shape[2] if layout == "bshd" else key_cache.shape[1]
+    block = key_cache.shape[1] if layout == "bshd" else key_cache.shape[2]
+    out = torch.zeros(bsz, n, value_cache.shape[-1], dtype=torch.float64)
+    for b in range(bsz):
+        if lens[b] <= 0:
+            continue
+        slots = [(table[b][p // block], p % block) for p in range(lens[b])]
+        if layout == "bshd":
+            k = torch.stack([key_cache[i, o] for i, o in slots]).double()  # (L, KVH, D)
+            v = torch.stack([value_cache[i, o] for i, o in slots]).double()
+        else:
+            k = torch.stack([key_cache[i, :, o] for i, o in slots]).double()
+            v = torch.stack([value_cache[i, :, o] for i, o in slots]).double()
+        for h in range(n):
+            g = h // (n // kvh)
+            p = torch.softmax(k[:, g] @ query[b, h].double() * scale, dim=0)
+            out[b, h] = p @ v[:, g]
+    return out.to(query.dtype)
+
+
+__all__ = [
+    "LAYOUTS",
+    "REGISTERED",
+    "SIM_NAMESPACE",
+    "camb_paged_decode_attention",
+    "fill_kv_cache",
+    "gather_paged",
+    "maca_paged_decode_attention",
+    "reference_paged_attention",
+    "register",
+]

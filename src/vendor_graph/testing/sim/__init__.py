@@ -1,0 +1,165 @@
+"""A CPU simulator of accelerator graph mode: a fake ``npu`` device, graph capture/replay, streams,
+events, and simulated ``torch_npu`` modules for every graph-API generation (G0 … G5).
+
+It reproduces what makes graph mode hard (DESIGN.md §4.1):
+
+- **capture executes nothing**: ops issued on a capturing stream are recorded, tensors are not written,
+  captured outputs hold poison (NaN / iinfo.max / True) until the first replay;
+- **replay re-runs the recorded work** on the same tensors, reading their current contents; memory
+  allocated during capture comes from the graph's pool (shareable between graphs, with address reuse
+  once a tensor is freed, so one graph's replay can clobber another's freed output);
+- **host values are frozen at capture** (Python ints and lists, host tensors passed to an op) and change
+  only through the vendor's update API (``NPUGraph.update`` or the task-group API);
+- **a device-to-host sync during capture fails** (``.item()``, ``.tolist()``, ``.cpu()``, a blocking
+  copy, ``synchronize()``, data-dependent shapes such as ``nonzero``) with :class:`SimCaptureError`,
+  leaving the capture aborted (the graph cannot be replayed);
+- **streams are ordered queues of deferred work** with events, including torch_npu's ``ExternalEvent``;
+  ``config.eager_drain = False`` defers all work to sync points so host/device races become visible;
+- **each torch_npu generation's graph API**, generated from the wheel manifests and
+  :data:`vendor_graph.ascend_versions.GENERATION_FACTS`.
+
+Use it in its own process (torch allows one PrivateUse1 backend name per process)::
+
+    from vendor_graph.testing import sim
+    sim.install()                       # torch.npu is now the simulated device module
+    with sim.use_torch_npu("G3a") as torch_npu:
+        g = torch_npu.npu.NPUGraph()
+        ...
+
+Suspected behaviours, to confirm on hardware (switches in :data:`config`; defaults = the suspicion):
+
+- ``config.external_event_blocks_replay`` (True): a task captured with ``auto_dispatch_capture`` waits
+  on its ExternalEvent at every replay, so every replay needs a matching ``NPUGraph.update()``
+  (torch_npu_api.md §4.1). A replay without one holds the stream; the next sync raises
+  :class:`SimDeadlockError`.
+- ``config.g2a_plain_name_matches_default`` (False): on G2a (2.1.0.post13, 2.5.1.post1, 2.6.0) an FIA
+  ``.default`` call is not intercepted, so ``update()`` is a silent no-op (§4.2); check
+  ``len(graph.graph_dispatch_mode.graph_dispatch_records)`` on hardware.
+- Regular ``Event`` waits follow CUDA semantics (a wait targets the latest record issued before it; a
+  wait on a never-recorded event is a no-op); a capturing stream may not wait on an Event recorded
+  outside the capture (use ExternalEvent). Not verified for ACL.
+- The CUDA-style API refuses capture on the default stream (CUDA does; unknown for the NPU, whose
+  ``graph()`` captures on its own ``default_capture_stream`` unless told otherwise).
+- Not simulated: pinned memory (``pin_memory()`` fails once the device is installed), RNG in graphs
+  (random factories captured in a graph replay the capture-time values), ``make_graphed_callables``,
+  the G3b+ op-handler hooks (``register_npu_graph_handler`` registers ops with the default
+  "existing keys only" rule), C-level ``NPUGraph`` extras (``debug_dump`` before G3a), threads
+  (the current stream is process-global).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from . import _runtime
+from ._cuda import cuda_graph_api
+from ._device import install, installed
+from ._runtime import (
+    Counters,
+    Event,
+    ExternalEvent,
+    Pool,
+    SimCaptureError,
+    SimConfig,
+    SimDeadlockError,
+    SimGraph,
+    Stream,
+    config,
+    counters,
+    current_stream,
+    default_stream,
+    pending_work,
+)
+from ._tensor import SimTensor, is_device_tensor
+from ._torch_npu import load_manifest, resolve, torch_npu_module
+
+_MISSING = object()
+
+
+def synchronize() -> None:
+    """Run all queued device work (``torch.npu.synchronize()``)."""
+    _runtime.sync_device("synchronize()")
+
+
+def pool_of(handle: Any) -> Pool:
+    """The simulator's :class:`Pool` behind a graph pool handle (bytes allocated, segments, reuse)."""
+    return _runtime.pool_of(handle)
+
+
+def reset_counters() -> None:
+    """Zero :data:`counters`."""
+    counters.reset()
+
+
+@contextlib.contextmanager
+def count_ops() -> Iterator[Counters]:
+    """``with count_ops() as c:`` — :class:`Counters` of the device work issued inside the block only."""
+    saved = counters.snapshot()
+    counters.reset()
+    inner = Counters()
+    try:
+        yield inner
+    finally:
+        for name in Counters.__slots__:
+            setattr(inner, name, getattr(counters, name))
+        for name, value in saved.items():
+            current = getattr(counters, name)
+            if name == "by_op":
+                current.update(value)
+            else:
+                setattr(counters, name, current + value)
+
+
+@contextlib.contextmanager
+def configured(**switches: Any) -> Iterator[SimConfig]:
+    """Set :data:`config` fields for the block (e.g. ``configured(eager_drain=False)``); restored after."""
+    saved = {name: getattr(config, name) for name in switches}
+    for name, value in switches.items():
+        if not hasattr(config, name):
+            raise AttributeError(f"SimConfig has no switch {name!r}")
+        setattr(config, name, value)
+    try:
+        yield config
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+@contextlib.contextmanager
+def use_torch_npu(generation_or_version: str | None = None) -> Iterator[Any]:
+    """Make a simulated ``torch_npu`` importable (and ``torch.npu`` its device module) for the block.
+
+    ``generation_or_version`` is a generation (``"G2b"``, its newest release) or a torch_npu version
+    (``"2.8.0.post2"``); None means the newest generation. Restores ``sys.modules`` and ``torch.npu``.
+    """
+    import sys
+
+    import torch
+
+    device = install()
+    package = torch_npu_module(generation_or_version)
+    entries = {"torch_npu": package, "torch_npu.npu": package.npu, "torch_npu.version": package.version,
+               f"torch.{installed()}": package.npu}
+    saved = {name: sys.modules.get(name, _MISSING) for name in entries}
+    saved_attr = getattr(torch, installed(), device)
+    try:
+        sys.modules.update(entries)
+        setattr(torch, installed(), package.npu)
+        yield package
+    finally:
+        setattr(torch, installed(), saved_attr)
+        for name, value in saved.items():
+            if value is _MISSING:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = value
+
+
+__all__ = [
+    "Counters", "Event", "ExternalEvent", "Pool", "SimCaptureError", "SimConfig", "SimDeadlockError", "SimGraph",
+    "SimTensor", "Stream", "config", "configured", "count_ops", "counters", "cuda_graph_api", "current_stream",
+    "default_stream", "install", "installed", "is_device_tensor", "load_manifest", "pending_work", "pool_of",
+    "reset_counters", "resolve", "synchronize", "torch_npu_module", "use_torch_npu",
+]

@@ -1,0 +1,611 @@
+"""A tiny decoder that plugs into lmdeploy's graph-mode contract, on the emulated vendor kernels.
+
+:class:`TinyDecoder` is an ``nn.Module`` mixed with lmdeploy's REAL ``CudaGraphMixin``, so a vendor's
+patches to that mixin (``make_buffers_cudagraph`` / ``fill_buffers_cudagraph`` /
+``update_context_cudagraph`` / ``get_outputs_cudagraph``) apply to it exactly as to a real lmdeploy
+model. Its ``forward`` takes what lmdeploy's graph runners pass (``input_ids (1, T)``,
+``position_ids (1, T)``, ``past_key_values`` = one ``(k_cache, v_cache)`` per layer, ``attn_metadata``
+= the installed release's ``DlinferAttentionMetadata``, ``inputs_embeds``) and returns the hidden
+states ``(1, T, hidden)``; :meth:`TinyDecoder.get_logits` maps them to the vocabulary.
+
+Decode attention per vendor (what each reads from ``attn_metadata``, per lmdeploy release; see
+``vendor_graph.specs``):
+
+- every vendor writes this step's K/V with ``vendor_graph_sim::fill_kv_cache`` at
+  ``kv_start_indices`` (negative = padding, skipped);
+- ``ascend``: ``npu::npu_fused_infer_attention_score`` (default; ``ascend_attention="fia"``), layout
+  TND over the paged cache, with HOST lists ``actual_seq_lengths`` (cumulative query ends) and
+  ``actual_seq_lengths_kv``: on lmdeploy 0.16/0.17 from the host tensors ``q_seqlens`` /
+  ``kv_seqlens``, on 0.18 from ``cu_seqlens_q_cpu[1:]`` / ``kv_seqlens_cpu``. Alternatives:
+  ``"fia_v2"`` (``npu_fused_infer_attention_score_v2``, ``actual_seq_qlen`` / ``actual_seq_kvlen``) and
+  ``"paged_attention"`` (``atb::_npu_paged_attention``, the host tensor as positional
+  ``context_lens``). Host values are frozen into a captured graph: only the vendor's update path
+  changes them;
+- ``camb``: ``vendor_graph_sim::camb_paged_decode_attention`` with the device ``kv_seqlens`` and the
+  int ``max_kv_seq_len`` (a positive value frozen at capture truncates attention);
+- ``maca``: ``vendor_graph_sim::maca_paged_decode_attention`` with the device ``kv_seqlens``; its
+  ``kv_start_indices`` must be ``(tokens, 1)`` int64, as MACA's backend builds them.
+
+Prefill is not a graph concern: :func:`prefill` runs each prompt eagerly with plain causal attention
+and writes its K/V through the same fill kernel. :class:`DecodeSession` strings it together
+(allocate caches, prefill, greedy decode steps whose metadata lmdeploy's own
+``<Vendor>OpsBackend.update_step_context`` builds), with a hook to run a step some other way (a
+graph runner) for parity tests.
+
+Pinned configuration (:class:`TinyConfig`): 2 layers, hidden 64, 4 query heads, 2 KV heads,
+head_dim 16, SwiGLU MLP 128, vocab 256, RoPE theta 10000, RMSNorm eps 1e-6; KV cache of 128 blocks of
+16 slots (block 0 reserved for padding, as lmdeploy does), at most 8 blocks (128 tokens) per
+sequence; float32 weights drawn from ``torch.Generator().manual_seed(seed)`` (seed 0). Matmuls,
+norms, RoPE and attention accumulate in float64 and round to float32, which makes a row's result
+independent of the batch it is computed in (eager batch 3 and a graph padded to 4 agree bitwise).
+
+Needs lmdeploy (imported at module import). The Ascend op backend imports ``dlinfer``: on a CPU box put
+the stand-in (``tests/stubs``) on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+from torch import Tensor, nn
+
+from ..npu.hook import call_attention
+from . import kernels
+
+VENDORS = ("ascend", "camb", "maca")
+ASCEND_ATTENTION = ("fia", "fia_v2", "paged_attention")
+OP_BACKENDS = {
+    "ascend": ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend"),
+    "camb": ("lmdeploy.pytorch.backends.dlinfer.camb.op_backend", "CambOpsBackend"),
+    "maca": ("lmdeploy.pytorch.backends.dlinfer.maca.op_backend", "MacaOpsBackend"),
+}
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """The pinned tiny-model configuration (change only with the tests that pin outputs)."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    vocab_size: int = 256
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    block_size: int = 16
+    num_blocks: int = 128
+    max_blocks_per_seq: int = 8
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.block_size * self.max_blocks_per_seq
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+def kv_cache_layout(vendor: str) -> str:
+    """``"bshd"`` = ``(blocks, block_size, heads, dim)`` (Ascend, MACA); ``"bhsd"`` (Camb)."""
+    _check_vendor(vendor)
+    return "bhsd" if vendor == "camb" else "bshd"
+
+
+def _check_vendor(vendor: str) -> None:
+    if vendor not in VENDORS:
+        raise ValueError(f"vendor must be one of {VENDORS}, got {vendor!r}")
+
+
+def allocate_kv_caches(config: TinyConfig, vendor: str, device: torch.device | str = "cpu",
+                       num_blocks: int | None = None, fill: float = 0.0) -> list[tuple[Tensor, Tensor]]:
+    """One ``(k_cache, v_cache)`` per layer in the vendor's layout (lmdeploy's ``get_k_block_shape``
+    with the block count in front), filled with ``fill`` (``float('nan')`` poisons unused slots)."""
+    nb = num_blocks or config.num_blocks
+    if kv_cache_layout(vendor) == "bshd":
+        shape = (nb, config.block_size, config.num_kv_heads, config.head_dim)
+    else:
+        shape = (nb, config.num_kv_heads, config.block_size, config.head_dim)
+    return [(torch.full(shape, fill, dtype=config.dtype, device=device),
+             torch.full(shape, fill, dtype=config.dtype, device=device)) for _ in range(config.num_layers)]
+
+
+class BlockAllocator:
+    """Hands out KV blocks 1..num_blocks-1 in a seeded shuffled order (block 0 stays reserved for
+    padding), so block tables are not contiguous."""
+
+    def __init__(self, num_blocks: int, block_size: int, seed: int = 0):
+        self.block_size = block_size
+        self.free = list(range(1, num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def ensure(self, table: list[int], length: int) -> list[int]:
+        """Grow ``table`` in place until it covers ``length`` tokens; return it."""
+        while len(table) * self.block_size < length:
+            if not self.free:
+                raise RuntimeError("out of KV blocks: allocate the caches with more num_blocks")
+            table.append(self.free.pop())
+        return table
+
+
+# --------------------------------------------------------------------------------------------------
+# the model
+
+
+def _linear(x: Tensor, weight: Tensor) -> Tensor:
+    return torch.nn.functional.linear(x.to(torch.float64), weight.to(torch.float64)).to(x.dtype)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    xd = x.to(torch.float64)
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)).to(x.dtype)
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: TinyConfig, g: torch.Generator):
+        super().__init__()
+
+        def w(rows: int, cols: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(rows, cols, generator=g) / math.sqrt(cols), requires_grad=False)
+
+        def norm() -> nn.Parameter:
+            return nn.Parameter(1.0 + 0.1 * torch.randn(c.hidden_size, generator=g), requires_grad=False)
+
+        self.input_norm = norm()
+        self.q_proj = w(c.num_heads * c.head_dim, c.hidden_size)
+        self.k_proj = w(c.num_kv_heads * c.head_dim, c.hidden_size)
+        self.v_proj = w(c.num_kv_heads * c.head_dim, c.hidden_size)
+        self.o_proj = w(c.hidden_size, c.num_heads * c.head_dim)
+        self.post_norm = norm()
+        self.gate_proj = w(c.intermediate_size, c.hidden_size)
+        self.up_proj = w(c.intermediate_size, c.hidden_size)
+        self.down_proj = w(c.hidden_size, c.intermediate_size)
+
+
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+
+class TinyDecoder(nn.Module, CudaGraphMixin):
+    """Tiny Llama-style decoder on the emulated ``vendor`` kernels (see the module docstring).
+
+    ``ascend_attention`` picks the Ascend decode kernel: ``"fia"``, ``"fia_v2"`` or
+    ``"paged_attention"``. Parameters do not require grad; use under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` as lmdeploy does.
+    """
+
+    def __init__(self, vendor: str = "ascend", config: TinyConfig | None = None, *,
+                 ascend_attention: str = "fia", device: torch.device | str | None = None):
+        super().__init__()
+        _check_vendor(vendor)
+        if ascend_attention not in ASCEND_ATTENTION:
+            raise ValueError(f"ascend_attention must be one of {ASCEND_ATTENTION}, got {ascend_attention!r}")
+        self.vendor = vendor
+        self.ascend_attention = ascend_attention
+        self.config = c = config or TinyConfig()
+        self.kv_layout = kv_cache_layout(vendor)
+        g = torch.Generator().manual_seed(c.seed)
+        self.embed_tokens = nn.Parameter(torch.randn(c.vocab_size, c.hidden_size, generator=g), requires_grad=False)
+        self.layers = nn.ModuleList(_Layer(c, g) for _ in range(c.num_layers))
+        self.norm = nn.Parameter(1.0 + 0.1 * torch.randn(c.hidden_size, generator=g), requires_grad=False)
+        self.lm_head = nn.Parameter(torch.randn(c.vocab_size, c.hidden_size, generator=g) / math.sqrt(c.hidden_size),
+                                    requires_grad=False)
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, like the other math
+        for param in self.parameters():
+            param.data = param.data.to(c.dtype)
+        if device is not None:
+            self.to(device)
+
+    # -- lmdeploy's model interface ----------------------------------------------------------------
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, past_key_values: Sequence[Sequence[Tensor]],
+                attn_metadata, inputs_embeds: Tensor | None = None, **kwargs) -> Tensor:
+        """One decode step: hidden states ``(1, T, hidden)`` for ``T`` query tokens."""
+        if not attn_metadata.is_decoding:
+            raise NotImplementedError("TinyDecoder.forward runs decode steps; prefill with vendor_graph.testing."
+                                      "tiny_model.prefill")
+
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return self._decode_attention(q, k, v, past_key_values[i], attn_metadata)
+
+        x = self._embed(input_ids, inputs_embeds)
+        return self._run(x, position_ids.reshape(-1), attend).unsqueeze(0)
+
+    def get_logits(self, hidden_states: Tensor) -> Tensor:
+        return _linear(hidden_states, self.lm_head)
+
+    def get_input_embeddings(self) -> Tensor:
+        return self.embed_tokens
+
+    # -- reference ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def reference_hidden(self, token_ids: Sequence[int]) -> Tensor:
+        """Dense causal forward over one whole sequence, no cache: final hidden states ``(L, hidden)``."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.embed_tokens.device)
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self._run(self._embed(ids, None), pos, lambda i, q, k, v: causal_attention(q, k, v, self.config.scale))
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _embed(self, input_ids: Tensor, inputs_embeds: Tensor | None) -> Tensor:
+        if inputs_embeds is not None:
+            return inputs_embeds.reshape(-1, self.config.hidden_size)
+        return torch.nn.functional.embedding(input_ids.reshape(-1), self.embed_tokens)
+
+    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        half = self.config.head_dim // 2
+        angles = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(torch.float64)  # (T, D/2)
+        cos, sin = torch.cos(angles).unsqueeze(1), torch.sin(angles).unsqueeze(1)
+        xd = x.to(torch.float64)
+        x1, x2 = xd[..., :half], xd[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    def _run(self, x: Tensor, positions: Tensor, attend: Attend) -> Tensor:
+        c = self.config
+        t = x.shape[0]
+        for i, layer in enumerate(self.layers):
+            a = _rms_norm(x, layer.input_norm, c.rms_eps)
+            q = self._rope(_linear(a, layer.q_proj).view(t, c.num_heads, c.head_dim), positions)
+            k = self._rope(_linear(a, layer.k_proj).view(t, c.num_kv_heads, c.head_dim), positions)
+            v = _linear(a, layer.v_proj).view(t, c.num_kv_heads, c.head_dim)
+            o = attend(i, q, k, v)
+            x = x + _linear(o.reshape(t, c.num_heads * c.head_dim), layer.o_proj)
+            m = _rms_norm(x, layer.post_norm, c.rms_eps)
+            x = x + _linear(torch.nn.functional.silu(_linear(m, layer.gate_proj)) * _linear(m, layer.up_proj),
+                            layer.down_proj)
+        return _rms_norm(x, self.norm, c.rms_eps)
+
+    def _decode_attention(self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Sequence[Tensor], meta) -> Tensor:
+        c = self.config
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        start = meta.kv_start_indices
+        if self.vendor == "maca" and (start.dim() != 2 or start.shape[-1] != 1 or start.dtype != torch.int64):
+            raise ValueError(f"MACA's KV fill takes kv_start_indices (tokens, 1) int64, got "
+                             f"{tuple(start.shape)} {start.dtype}")
+        kernels.fill_kv_cache(k, v, k_cache, v_cache, start, self.kv_layout)
+        if self.vendor == "camb":
+            return kernels.camb_paged_decode_attention(q, k_cache, v_cache, meta.block_offsets, meta.kv_seqlens,
+                                                       meta.max_kv_seq_len, c.scale)
+        if self.vendor == "maca":
+            return kernels.maca_paged_decode_attention(q, k_cache, v_cache, meta.block_offsets, meta.kv_seqlens,
+                                                       c.scale)
+        return self._ascend_attention(q, k_cache, v_cache, meta)
+
+    def _ascend_attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta) -> Tensor:
+        # Through vendor_graph's hook, as a vendor attention must be: under a capture it registers the
+        # task so the runner can refresh its host lengths; the .out overloads write given outputs, so a
+        # re-issued task (task-update path) writes where the graph's later tasks read.
+        c = self.config
+        q_ends, kv_host = ascend_host_seqlens(meta)
+        if self.ascend_attention == "paged_attention":
+            out = q.new_empty(q.shape)
+            call_attention(torch.ops.atb._npu_paged_attention.default, q, k_cache, v_cache, c.num_kv_heads,
+                           c.num_heads, c.scale, meta.block_offsets, kv_host, out)
+            return out
+        nb, bs = k_cache.shape[:2]
+        kc, vc = k_cache.view(nb, bs, -1), v_cache.view(nb, bs, -1)
+        out = q.new_empty(q.shape)
+        lse = q.new_empty((1,), dtype=torch.float32)
+        if self.ascend_attention == "fia_v2":
+            call_attention(
+                torch.ops.npu.npu_fused_infer_attention_score_v2.out,
+                q, kc, vc, actual_seq_qlen=q_ends.tolist(), actual_seq_kvlen=kv_host.tolist(),
+                block_table=meta.block_offsets, num_query_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+                softmax_scale=c.scale, input_layout="TND", sparse_mode=0, block_size=bs,
+                attention_out=out, softmax_lse=lse)
+            return out
+        call_attention(
+            torch.ops.npu.npu_fused_infer_attention_score.out,
+            q, kc, vc, atten_mask=None, actual_seq_lengths=q_ends.tolist(), actual_seq_lengths_kv=kv_host.tolist(),
+            block_table=meta.block_offsets, num_heads=c.num_heads, scale=c.scale, input_layout="TND",
+            num_key_value_heads=c.num_kv_heads, sparse_mode=0, block_size=bs, attention_out=out, softmax_lse=lse)
+        return out
+
+
+def ascend_host_seqlens(attn_metadata) -> tuple[Tensor, Tensor]:
+    """The HOST tensors Ascend decode attention reads: cumulative query ends ``(B,)`` and KV lengths
+    ``(B,)``. lmdeploy 0.18: ``cu_seqlens_q_cpu[1:]`` and ``kv_seqlens_cpu``; 0.16/0.17: ``q_seqlens``
+    and ``kv_seqlens``, which the Ascend backend sets to host tensors."""
+    if hasattr(attn_metadata, "kv_seqlens_cpu"):  # a field from 0.18 on
+        if attn_metadata.kv_seqlens_cpu is None or attn_metadata.cu_seqlens_q_cpu is None:
+            raise ValueError("attn_metadata.kv_seqlens_cpu / cu_seqlens_q_cpu are not set (lmdeploy 0.18 Ascend "
+                             "decode reads them)")
+        return attn_metadata.cu_seqlens_q_cpu[1:], attn_metadata.kv_seqlens_cpu
+    return attn_metadata.q_seqlens, attn_metadata.kv_seqlens
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Plain causal attention over one sequence, per head, in float64: ``q (L, N, D)``,
+    ``k``/``v (L, KVH, D)`` -> ``(L, N, D)`` in ``q``'s dtype."""
+    length, n = q.shape[:2]
+    group = n // k.shape[1]
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    heads = []
+    for h in range(n):
+        scores = q[:, h].double() @ k[:, h // group].double().T * scale
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        heads.append(probs @ v[:, h // group].double())
+    return torch.stack(heads, dim=1).to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# prefill and decode steps
+
+
+def slot_indices(table: Sequence[int], start: int, stop: int, block_size: int) -> list[int]:
+    """KV slots of token positions ``start..stop-1`` through a block table."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, stop)]
+
+
+@torch.no_grad()
+def prefill(model: TinyDecoder, kv_caches: Sequence[Sequence[Tensor]], block_tables: Sequence[Sequence[int]],
+            prompts: Sequence[Sequence[int]]) -> Tensor:
+    """Run each prompt eagerly (plain causal attention) and write its K/V into the caches through
+    ``fill_kv_cache`` at the slots of its block table. Returns each prompt's last hidden state
+    ``(num_prompts, hidden)``."""
+    c = model.config
+    device = model.embed_tokens.device
+    last = []
+    for table, prompt in zip(block_tables, prompts, strict=True):
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) > len(table) * c.block_size:
+            raise ValueError(f"block table {list(table)} is too short for a prompt of {len(prompt)} tokens")
+        slots = torch.tensor(slot_indices(table, 0, len(prompt), c.block_size), dtype=torch.int64,
+                             device=kv_caches[0][0].device)
+
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor, slots: Tensor = slots) -> Tensor:
+            kernels.fill_kv_cache(k, v, kv_caches[i][0], kv_caches[i][1], slots, model.kv_layout)
+            return causal_attention(q, k, v, c.scale)
+
+        ids = torch.tensor(list(prompt), dtype=torch.int64, device=device)
+        pos = torch.arange(len(prompt), device=device)
+        last.append(model._run(model._embed(ids, None), pos, attend)[-1])
+    return torch.stack(last)
+
+
+def backend_class(vendor: str) -> type:
+    """lmdeploy's ``<Vendor>OpsBackend`` (the Ascend module imports ``dlinfer``: stand-in in tests/stubs)."""
+    _check_vendor(vendor)
+    module, name = OP_BACKENDS[vendor]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ImportError(f"{module} failed to import ({exc}); on a machine without dlinfer put the stand-in "
+                          f"(tests/stubs in the vendor_graph repository) on sys.path") from exc
+
+
+def _single_rank_dist_meta():
+    from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import DistMeta
+
+    return DistMeta(dp_size=1, tp_size=1, ep_size=1, tp_rank=0, ep_rank=0, tp_group=None, ep_group=None)
+
+
+def ensure_step_env(vendor: str) -> None:
+    """What ``update_step_context`` needs outside lmdeploy's engine, installed if missing (and left
+    installed, since the model's step runs under it): a current ``StepContextManager`` and, for
+    Ascend, a single-rank ``AscendOpsBackend.dist_meta``."""
+    from lmdeploy.pytorch.model_inputs import StepContextManager, get_step_ctx_manager, set_step_ctx_manager
+
+    if get_step_ctx_manager() is None:
+        set_step_ctx_manager(StepContextManager())
+    if vendor == "ascend":
+        backend = backend_class("ascend")
+        if backend.dist_meta is None:
+            backend.dist_meta = _single_rank_dist_meta()
+
+
+@contextlib.contextmanager
+def lmdeploy_step_env(vendor: str) -> Iterator[None]:
+    """A fresh ``StepContextManager`` (and Ascend ``dist_meta``) for the block, restored afterwards."""
+    from lmdeploy.pytorch.model_inputs import StepContextManager, get_step_ctx_manager, set_step_ctx_manager
+
+    backend = backend_class(vendor)
+    saved_mgr = get_step_ctx_manager()
+    saved_dist = getattr(backend, "dist_meta", None)
+    set_step_ctx_manager(StepContextManager())
+    if vendor == "ascend":
+        backend.dist_meta = _single_rank_dist_meta()
+    try:
+        yield
+    finally:
+        set_step_ctx_manager(saved_mgr)
+        if vendor == "ascend":
+            backend.dist_meta = saved_dist
+        backend.total_slots = None
+
+
+def lmdeploy_builds_metadata(vendor: str) -> bool:
+    """Whether the installed lmdeploy's ``update_step_context`` can build this vendor's metadata.
+
+    Camb and MACA on 0.18 pass ``max_q_seq_len=`` (and Camb ``cu_seq_lens_kv=``), which 0.18's
+    ``DlinferAttentionMetadata`` no longer has (``vendor_graph.compat.KNOWN_BREAKAGES``)."""
+    if vendor == "ascend":
+        return True
+    from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionMetadata
+
+    fields = {f.name for f in dataclasses.fields(DlinferAttentionMetadata)}
+    return "max_q_seq_len" in fields and (vendor != "camb" or "cu_seq_lens_kv" in fields)
+
+
+def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], block_tables: Sequence[Sequence[int]],
+                         kv_seqlens: Sequence[int], input_ids: Sequence[int], *,
+                         device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                         use_lmdeploy: bool | None = None, table_width: int | None = None) -> SimpleNamespace:
+    """A decode step's ``StepContext`` stand-in with ``attn_metadata``, as lmdeploy builds it.
+
+    ``kv_seqlens[b]`` counts the KV of sequence ``b`` including this step's token ``input_ids[b]``
+    (position ``kv_seqlens[b] - 1``). ``block_offsets`` is ``(B, table_width)`` (default: the most
+    blocks any row needs), padded with block 0. The metadata comes from lmdeploy's real
+    ``<Vendor>OpsBackend.update_step_context`` (``use_lmdeploy=None``: wherever the installed release
+    can build it, see :func:`lmdeploy_builds_metadata`); otherwise (Camb/MACA on 0.18, or
+    ``use_lmdeploy=False``) from :func:`cuda_style_decode_metadata`, which follows those backends'
+    0.16/0.17 decode branch with the installed release's field names. A ``StepContextManager`` is
+    installed if none is current (see :func:`lmdeploy_step_env` for a scoped one).
+    """
+    _check_vendor(vendor)
+    if not (len(block_tables) == len(kv_seqlens) == len(input_ids)):
+        raise ValueError("block_tables, kv_seqlens and input_ids need one entry per sequence")
+    device = torch.device(device) if device is not None else kv_caches[0][0].device
+    block_size = kv_caches[0][0].shape[2 if kv_cache_layout(vendor) == "bhsd" else 1]
+    need = [max(1, -(-int(n) // block_size)) for n in kv_seqlens]
+    for table, n, blocks in zip(block_tables, kv_seqlens, need, strict=True):
+        if n < 1 or len(table) < blocks:
+            raise ValueError(f"block table {list(table)} does not cover a KV length of {n}")
+    width = table_width or max(need)
+    rows = [list(t[:width]) + [0] * (width - min(len(t), width)) for t in block_tables]
+    kv = torch.tensor([int(n) for n in kv_seqlens], dtype=torch.int64)
+    batch = len(kv_seqlens)
+    ctx = SimpleNamespace(
+        kv_caches=[list(pair) for pair in kv_caches], is_decoding=True,
+        block_offsets=torch.tensor(rows, dtype=torch.int64).to(device), kv_seqlens=kv.to(device),
+        q_seqlens=torch.ones(batch, dtype=torch.int64).to(device), q_start_loc=torch.arange(batch).to(device),
+        input_ids=torch.tensor([list(input_ids)], dtype=torch.int64).to(device),
+        position_ids=(kv - 1).view(1, -1).to(device),
+        model_config=SimpleNamespace(is_gated_delta=False, states_shapes=[], mla_index_topk=None, dtype=dtype),
+        kv_quant_policy=0, dp_meta=None, local_adapter_ids=None, max_q_seqlen=1, max_kv_seqlen=int(kv.max()),
+        sum_kv_seqlen=int(kv.sum()), moe_metadata=None, attn_metadata=None,
+    )
+    ctx.global_is_decoding = lambda: True
+    if use_lmdeploy is None:
+        use_lmdeploy = lmdeploy_builds_metadata(vendor)
+    if use_lmdeploy:
+        from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+
+        ensure_step_env(vendor)
+        get_step_ctx_manager().set_context(ctx)
+        backend_class(vendor).update_step_context(ctx)
+    elif vendor == "ascend":
+        raise ValueError("Ascend decode metadata always comes from lmdeploy's AscendOpsBackend (use_lmdeploy=False "
+                         "is for Camb/MACA)")
+    else:
+        ctx.attn_metadata = cuda_style_decode_metadata(vendor, ctx)
+    return ctx
+
+
+def cuda_style_decode_metadata(vendor: str, ctx) -> object:
+    """Camb/MACA decode ``DlinferAttentionMetadata`` the way their 0.16/0.17 ``update_step_context``
+    builds it, with the installed release's field names (for 0.18, whose own builders raise)."""
+    from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionMetadata
+
+    fields = {f.name for f in dataclasses.fields(DlinferAttentionMetadata)}
+    max_q_attr = "max_q_seqlen" if "max_q_seqlen" in fields else "max_q_seq_len"
+    layout = kv_cache_layout(vendor)
+    block_size = ctx.kv_caches[0][0].shape[2 if layout == "bhsd" else 1]
+    kv = ctx.kv_seqlens
+    last = ctx.block_offsets.gather(1, ((kv - 1) // block_size).view(-1, 1)).view(-1)
+    slots = last * block_size + (kv - 1) % block_size
+    cu_seqlens = torch.cat((ctx.q_start_loc, ctx.q_seqlens.sum().unsqueeze(0))).int()
+    kwargs = dict(q_start_loc=cu_seqlens, q_seqlens=ctx.q_seqlens.int(), kv_seqlens=kv.int(),
+                  block_size=block_size, is_prefill_no_cache=False)
+    if vendor == "camb":
+        kwargs.update(kv_start_indices=slots.to(torch.int32), attention_mask=None,
+                      max_kv_seq_len=int(kv.max().item()), **{max_q_attr: int(ctx.q_seqlens.max().item())})
+        if "cu_seq_lens_kv" in fields:
+            kwargs["cu_seq_lens_kv"] = None
+    else:
+        kwargs.update(kv_start_indices=slots.reshape(-1, 1), attention_mask=[], max_kv_seq_len=-1,
+                      **{max_q_attr: -1})
+    return DlinferAttentionMetadata(True, ctx.block_offsets.int(), **kwargs)
+
+
+def forward_kwargs(ctx) -> dict:
+    """The model kwargs lmdeploy's runners pass for a step context."""
+    return dict(input_ids=ctx.input_ids, position_ids=ctx.position_ids, past_key_values=ctx.kv_caches,
+                attn_metadata=ctx.attn_metadata, inputs_embeds=None)
+
+
+def eager_step(model: TinyDecoder, ctx) -> Tensor:
+    """Run a step context eagerly: hidden states ``(1, T, hidden)``."""
+    with torch.inference_mode():
+        return model(**forward_kwargs(ctx))
+
+
+StepRunner = Callable[[TinyDecoder, SimpleNamespace], Tensor]
+
+
+class DecodeSession:
+    """Greedy decoding of a few prompts through :class:`TinyDecoder`, one decode step at a time.
+
+    Construction allocates the vendor's KV caches on ``device`` (default: the model's), assigns
+    seeded non-contiguous blocks (block 0 reserved), prefills every prompt eagerly and appends its
+    first greedy token. :meth:`step` decodes one token for the ``active`` sequences (default all) with
+    metadata from :func:`build_decode_context`; ``run(model, ctx)`` replaces the eager forward (e.g.
+    a graph runner) and may return rows padded beyond the batch.
+    """
+
+    def __init__(self, model: TinyDecoder, prompts: Sequence[Sequence[int]], *,
+                 device: torch.device | str | None = None, use_lmdeploy: bool | None = None,
+                 cache_fill: float = 0.0, seed: int = 0):
+        c = model.config
+        self.model = model
+        self.vendor = model.vendor
+        self.use_lmdeploy = use_lmdeploy
+        self.device = torch.device(device) if device is not None else model.embed_tokens.device
+        self.kv_caches = allocate_kv_caches(c, self.vendor, self.device, fill=cache_fill)
+        self.allocator = BlockAllocator(c.num_blocks, c.block_size, seed=seed)
+        self.block_tables: list[list[int]] = [self.allocator.ensure([], len(p)) for p in prompts]
+        self.tokens = [list(p) for p in prompts]
+        hidden = prefill(model, self.kv_caches, self.block_tables, self.tokens)
+        for seq, tok in zip(self.tokens, model.get_logits(hidden).argmax(-1).tolist(), strict=True):
+            seq.append(int(tok))
+
+    def decode_context(self, active: Sequence[int] | None = None, table_width: int | None = None) -> SimpleNamespace:
+        """The step context for feeding each active sequence's last token."""
+        active = list(range(len(self.tokens))) if active is None else list(active)
+        for i in active:
+            if len(self.tokens[i]) > self.model.config.max_seq_len:
+                raise RuntimeError(f"sequence {i} reached max_seq_len {self.model.config.max_seq_len}")
+            self.allocator.ensure(self.block_tables[i], len(self.tokens[i]))
+        return build_decode_context(
+            self.vendor, self.kv_caches, [self.block_tables[i] for i in active],
+            [len(self.tokens[i]) for i in active], [self.tokens[i][-1] for i in active],
+            device=self.device, dtype=self.model.config.dtype, use_lmdeploy=self.use_lmdeploy,
+            table_width=table_width)
+
+    def step(self, active: Sequence[int] | None = None, run: StepRunner | None = None) -> list[int]:
+        """Decode one greedy token for each active sequence; returns them (also appended to ``tokens``)."""
+        active = list(range(len(self.tokens))) if active is None else list(active)
+        ctx = self.decode_context(active)
+        hidden = (run or eager_step)(self.model, ctx)
+        logits = self.model.get_logits(hidden.reshape(-1, self.model.config.hidden_size)[: len(active)])
+        chosen = [int(t) for t in logits.argmax(-1).tolist()]
+        for i, tok in zip(active, chosen, strict=True):
+            self.tokens[i].append(tok)
+        return chosen
+
+
+__all__ = [
+    "ASCEND_ATTENTION",
+    "VENDORS",
+    "BlockAllocator",
+    "DecodeSession",
+    "TinyConfig",
+    "TinyDecoder",
+    "allocate_kv_caches",
+    "ascend_host_seqlens",
+    "build_decode_context",
+    "causal_attention",
+    "cuda_style_decode_metadata",
+    "eager_step",
+    "ensure_step_env",
+    "forward_kwargs",
+    "kv_cache_layout",
+    "lmdeploy_builds_metadata",
+    "lmdeploy_step_env",
+    "prefill",
+    "slot_indices",
+]

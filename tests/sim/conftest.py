@@ -1,0 +1,36 @@
+"""The simulator renames torch's PrivateUse1 backend process-wide: tests/sim runs in its own pytest process."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from vendor_graph.testing import sim
+
+sim.install()
+sys.path.insert(0, str(Path(__file__).parent))  # sim_test_ops: the test-only stand-in ops
+
+
+@pytest.fixture(autouse=True)
+def _clean_sim_state():
+    """Each test starts on the default stream, with empty queues, default switches and zeroed counters."""
+    saved = {name: getattr(sim.config, name) for name in sim.SimConfig.__dataclass_fields__}
+    sim.reset_counters()
+    yield
+    for name, value in saved.items():
+        setattr(sim.config, name, value)
+    from vendor_graph.testing.sim import _runtime
+
+    state = _runtime.state()
+    assert not state.captures, "a test left a graph capture open"
+    state.current = state.default
+    for stream in list(state.pending):
+        stream.queue.clear()
+    state.pending.clear()
+
+
+@pytest.fixture
+def lazy():
+    """Deferred execution: nothing runs until a sync point."""
+    with sim.configured(eager_drain=False):
+        yield
