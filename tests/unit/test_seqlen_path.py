@@ -26,7 +26,7 @@ def test_g2a_plain_name_branch_never_matches_a_default_call():
 
 @pytest.mark.parametrize("op,paths", [
     (FIA_V2, {"G2b": "task-update", "G3a": "graph-update", "G5": "graph-update"}),
-    (PAGED_ATTENTION, {"G2b": "task-update", "G2c": "task-update", "G3a": "graph-update", "G5": "graph-update"}),
+    (PAGED_ATTENTION, {"G2b": "task-update", "G2c": "graph-update", "G3a": "graph-update", "G5": "graph-update"}),
     (MLA, {"G3a": "task-update", "G5": "task-update"}),  # only .out is intercepted
     (PAGED_ATTENTION_MLA, {"G1": "task-update", "G3a": "task-update", "G5": "task-update"}),
 ])

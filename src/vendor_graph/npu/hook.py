@@ -24,13 +24,17 @@ from typing import Any
 
 import torch
 
-from .seqlen import ATTENTION_OPS, GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE, AttentionOp, Capabilities
+from .seqlen import ATTENTION_OPS, GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE, AttentionOp, Capabilities, intercepted
 
 _SCOPE: contextvars.ContextVar[CaptureScope | None] = contextvars.ContextVar("vendor_graph_capture", default=None)
 
 
 class NoSeqLenUpdate(RuntimeError):
     """An attention op was captured that no available update path can refresh."""
+
+
+class NeedsTaskGroupCapture(RuntimeError):
+    """A task-update op that torch_npu's dispatcher would also intercept: capture without auto dispatch."""
 
 
 def op_identity(op: Any) -> tuple[AttentionOp, str]:
@@ -58,14 +62,22 @@ class AttentionTask:
     handle: Any = None  # task-group handle (task-update path)
     event: Any = None  # ExternalEvent the captured task waits on (task-update path)
 
-    def call_with(self, lens: list[int]) -> Any:
-        """Re-issue the op with new host KV lengths (task-update path), in the captured argument's form
-        (a host list, or a host tensor of the same dtype)."""
-        args, kwargs = list(self.args), dict(self.kwargs)
-        by_keyword = self.spec.position is None or self.spec.key in kwargs
-        captured = kwargs[self.spec.key] if by_keyword else args[self.spec.position]
+    @property
+    def _by_keyword(self) -> bool:
+        return self.spec.position is None or self.spec.key in self.kwargs
+
+    def host_value(self, lens: list[int]) -> Any:
+        """``lens`` in the form the op took at capture: a host list, or a host tensor of its dtype."""
+        captured = self.kwargs[self.spec.key] if self._by_keyword else self.args[self.spec.position]
         if isinstance(captured, torch.Tensor):
-            lens = torch.tensor(lens, dtype=captured.dtype)
+            return torch.tensor(lens, dtype=captured.dtype)
+        return list(lens)
+
+    def call_with(self, lens: list[int]) -> Any:
+        """Re-issue the op with new host KV lengths (task-update path)."""
+        args, kwargs = list(self.args), dict(self.kwargs)
+        by_keyword = self._by_keyword
+        lens = self.host_value(lens)
         if by_keyword:
             kwargs[self.spec.key] = lens
         else:
@@ -81,6 +93,7 @@ class CaptureScope:
     capabilities: Capabilities
     stream: Any
     force_task_update: bool = False
+    auto_dispatch: bool = False  # the graph is captured with auto_dispatch_capture=True
     tasks: list[AttentionTask] = field(default_factory=list)
 
     def path(self, spec: AttentionOp, overload: str) -> str:
@@ -107,6 +120,9 @@ class CaptureScope:
                 f"{spec.name}{overload} needs the task-update path here, which re-issues the op: call "
                 f"{spec.name}.out with preallocated outputs under capture"
             )
+        if path == TASK_UPDATE and self.auto_dispatch and intercepted(self.capabilities.facts, spec, overload):
+            # torch_npu would wrap this call in a task group of its own, and groups cannot nest.
+            raise NeedsTaskGroupCapture(f"{spec.name}{overload} is intercepted by NPUGraph's dispatcher")
         task = AttentionTask(op=op, spec=spec, path=path, args=args, kwargs=kwargs)
         if path == GRAPH_UPDATE:
             out = op(*args, **kwargs)

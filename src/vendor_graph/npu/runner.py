@@ -195,6 +195,12 @@ class AscendGraphRunner(GraphRunner):
     def _capture(self, key: GraphKey, kwargs: dict[str, Any]):
         patching.ensure_owned("before capture")
         npu, caps = self._runtime()
+        if not caps.facts.get("graph_api"):
+            reason = (f"torch_npu {caps.version} ({caps.generation or 'unknown generation'}) has no NPUGraph API; "
+                      f"upgrade torch_npu for graph mode")
+            self._eager_reasons[key] = reason
+            logger.warning("vendor_graph.ascend: %s runs eager: %s", key, reason)
+            return self._forward_eager(reason, **kwargs)
         graph = AscendSingleGraph(key=key, meta=self._make_meta(key))
         graph.meta.input_buffers = self.model.make_buffers_cudagraph(graph.meta, **kwargs)
         padded = self._bind(graph, kwargs)
@@ -221,10 +227,18 @@ class AscendGraphRunner(GraphRunner):
         graph_kwargs: dict[str, Any] = {"pool": self._pool, "stream": stream}
         if caps.facts.get("auto_dispatch_capture") and not force_task_update:
             graph_kwargs["auto_dispatch_capture"] = True
-        scope = hook.CaptureScope(npu=npu, capabilities=caps, stream=stream, force_task_update=force_task_update)
+        scope = hook.CaptureScope(npu=npu, capabilities=caps, stream=stream, force_task_update=force_task_update,
+                                  auto_dispatch="auto_dispatch_capture" in graph_kwargs)
         try:
             with scope, npu.graph(npu_graph, **graph_kwargs):
                 output = self.model(**padded)
+        except hook.NeedsTaskGroupCapture as exc:
+            if hasattr(npu_graph, "reset"):
+                npu_graph.reset()
+            if force_task_update:
+                raise GraphUnsafe(str(exc)) from exc
+            logger.info("vendor_graph.ascend: %s: %s; recapturing with task groups only", graph.key, exc)
+            return self._capture_into(graph, padded, npu, caps, force_task_update=True)
         except BaseException:
             if hasattr(npu_graph, "reset"):
                 npu_graph.reset()
@@ -276,18 +290,19 @@ class AscendGraphRunner(GraphRunner):
             # torch_npu updates on its own stream, which we cannot order on the device: wait on the host.
             if self._fence is not None:
                 self._fence.synchronize()
-            graph.graph.update(cpu_update_input=[{t.spec.key: lens} for t in by_update])
+            graph.graph.update(cpu_update_input=[{t.spec.key: t.host_value(lens)} for t in by_update])
         if by_task:
             if self._update_stream is None:
                 self._update_stream = npu.Stream()
             stream = self._update_stream
             if self._fence is not None:
                 stream.wait_event(self._fence)  # device-side: no host stall
-            for task in by_task:
-                npu.graph_task_update_begin(stream, task.handle)
-                task.call_with(lens)
-                npu.graph_task_update_end(stream)
-                task.event.record(stream)
+            with npu.stream(stream):  # the re-issued op must be issued on the update stream
+                for task in by_task:
+                    npu.graph_task_update_begin(stream, task.handle)
+                    task.call_with(lens)
+                    npu.graph_task_update_end(stream)
+                    task.event.record(stream)
 
     # -- introspection ----------------------------------------------------------------------------
 

@@ -49,14 +49,27 @@ class AttentionOp:
     position: int | None  # index among positional args, None when passed by keyword
     # Whether every overload writes into a caller-given output (else only ``.out`` does).
     writes_given_output: bool = False
+    arity: int | None = None  # positional arguments in the call, to resolve rules like args[-2]
 
 
 FIA = AttentionOp("npu_fused_infer_attention_score", "actual_seq_lengths_kv", None)
 FIA_V2 = AttentionOp("npu_fused_infer_attention_score_v2", "actual_seq_kvlen", None)
-PAGED_ATTENTION = AttentionOp("_npu_paged_attention", "context_lens", 7, writes_given_output=True)
+PAGED_ATTENTION = AttentionOp("_npu_paged_attention", "context_lens", 7, writes_given_output=True, arity=9)
 MLA = AttentionOp("npu_multi_head_latent_attention", "context_lens", 5)
-PAGED_ATTENTION_MLA = AttentionOp("_npu_paged_attention_mla", "context_lens", 6, writes_given_output=True)
+PAGED_ATTENTION_MLA = AttentionOp("_npu_paged_attention_mla", "context_lens", 6, writes_given_output=True,
+                                  arity=9)
 ATTENTION_OPS = {op.name: op for op in (FIA, FIA_V2, PAGED_ATTENTION, MLA, PAGED_ATTENTION_MLA)}
+
+
+def _same_position(index: int, op: AttentionOp) -> bool:
+    if index < 0:
+        return op.arity is not None and op.arity + index == op.position
+    return index == op.position
+
+
+def intercepted(facts: dict[str, Any], op: AttentionOp, overload: str) -> bool:
+    """Whether ``NPUGraph``'s dispatcher records this call itself when capturing with auto dispatch."""
+    return bool(facts.get("update")) and (op.name + overload) in facts.get("update_ops", {})
 
 
 def path_for(facts: dict[str, Any], op: AttentionOp, overload: str = ".default") -> str:
@@ -70,7 +83,7 @@ def path_for(facts: dict[str, Any], op: AttentionOp, overload: str = ".default")
                 # Keyword spelling: the kwargs rule writes it ("existing keys" holds, since we always pass it).
                 if rule["kwargs"] in ("any_key", "existing_keys_only"):
                     return GRAPH_UPDATE
-            elif any(index == op.position and key == op.key for index, key in rule["args"]):
+            elif any(key == op.key and _same_position(index, op) for index, key in rule["args"]):
                 return GRAPH_UPDATE
     if facts.get("task_group_api") and facts.get("external_event"):
         return TASK_UPDATE
