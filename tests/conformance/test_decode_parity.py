@@ -1,58 +1,28 @@
 """Graph vs eager over many decode steps, with KV integrity, per vendor and torch_npu generation.
 
-Every step of every schedule checks: hidden states bitwise equal to eager (sim), the same greedy
-tokens, and every byte of every KV cache equal to the eager run's (so padding rows wrote nothing,
+Sequences finish and new ones take their freed KV blocks every 8 steps. Every step checks: hidden
+states bitwise equal to eager (sim), the same greedy tokens, no buffer row past the live batch that is
+not padding, and every byte of every KV cache equal to the eager run's (so padding rows wrote nothing,
 not even the reserved block 0). Per configuration it also checks: graphs captured = buckets used,
 and, on Ascend, that every replay refreshed the host KV lengths through the generation's path.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 
 import pytest
-import torch
 
 from vendor_graph import buckets, compat
 from vendor_graph.ascend_versions import GENERATION_FACTS
-
-from .harness import lmdeploy_configs, schedule, side_by_side, step_manager
+from vendor_graph.testing.harness import run, schedule
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 STEPS = 64
 NUM_SEQS = 20
 SCHEDULES = int(os.environ.get("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "1"))
 GRAPH_GENERATIONS = [g for g in GENERATION_FACTS if g != "G0"]
-
-
-def _ascend_runner(vendor_module, model, configs, mgr):
-    from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import AscendOpsBackend
-
-    model.ctx_mgr = mgr
-    return AscendOpsBackend.build_graph_runner(model, configs.model_config, configs.cache_config,
-                                               configs.backend_config, torch.device("npu"))
-
-
-def run_ascend(generation, attention, seed, steps=STEPS, num_seqs=NUM_SEQS, max_batches=NUM_SEQS):
-    from vendor_graph.testing import sim
-
-    vendor = importlib.import_module("vendor_graph.ascend")
-    vendor.activate()
-    with sim.use_torch_npu(generation) as torch_npu, torch.inference_mode():
-        stream = torch_npu.npu.Stream()
-        with torch_npu.npu.stream(stream):
-            probe = side_by_side("ascend", lambda m: None, num_seqs=1, seed=0)  # model config source
-            configs = lmdeploy_configs("ascend", probe.model, max_batches)
-            with step_manager("ascend", configs.model_config) as mgr:
-                pair = side_by_side("ascend", lambda m: _ascend_runner(vendor, m, configs, mgr),
-                                    num_seqs=num_seqs, seed=seed, ascend_attention=attention)
-                sim.reset_counters()
-                for active in schedule(num_seqs, steps, seed):
-                    pair.step(active)
-                updates = sim.counters.snapshot() if hasattr(sim.counters, "snapshot") else sim.counters
-    return pair, updates
 
 
 def used_buckets(runner, plan):
@@ -63,7 +33,7 @@ def used_buckets(runner, plan):
 @pytest.mark.parametrize("attention", ["fia", "fia_v2", "paged_attention"])
 def test_ascend_graph_matches_eager_and_refreshes_seqlens(graph_backend, generation, attention):
     for seed in range(SCHEDULES):
-        pair, _ = run_ascend(generation, attention, seed)
+        pair = run("ascend", seed, generation=generation, attention=attention, steps=STEPS, num_seqs=NUM_SEQS)
         assert not pair.mismatches, pair.mismatches[:5]
         runner = pair.runner
         plan = schedule(NUM_SEQS, STEPS, seed)
@@ -75,6 +45,8 @@ def test_ascend_graph_matches_eager_and_refreshes_seqlens(graph_backend, generat
             assert len(graph.tasks) == pair.model.config.num_layers
         replays = runner.stats.replays
         assert replays == STEPS - len(graphs)  # each bucket's first step is its capture
+        # every replay re-issued each layer's attention task with that step's host KV lengths
+        assert pair.counters["updates"] == replays * pair.model.config.num_layers
         paths = {p for g in graphs.values() for p in g.paths}
         from vendor_graph.npu.seqlen import ATTENTION_OPS, path_for
 
@@ -86,7 +58,7 @@ def test_ascend_graph_matches_eager_and_refreshes_seqlens(graph_backend, generat
 
 def test_ascend_g0_runs_eager_with_one_clear_message(graph_backend, caplog):
     with caplog.at_level(logging.WARNING, logger="vendor_graph"):
-        pair, _ = run_ascend("G0", "fia", seed=0, steps=8, num_seqs=4, max_batches=4)
+        pair = run("ascend", 0, generation="G0", steps=8, num_seqs=4)
     assert not pair.mismatches
     assert not pair.runner.graphs()
     messages = [r.getMessage() for r in caplog.records if "has no NPUGraph API" in r.getMessage()]
@@ -94,36 +66,11 @@ def test_ascend_g0_runs_eager_with_one_clear_message(graph_backend, caplog):
     assert len(set(messages)) <= len(pair.runner.eager_reasons())
 
 
-def _cuda_style_runner(vendor, model, configs, mgr):
-    op_backend = importlib.import_module(f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend")
-    backend = getattr(op_backend, f"{vendor.capitalize()}OpsBackend")
-    model.ctx_mgr = mgr
-    return backend.build_graph_runner(model, configs.model_config, configs.cache_config, configs.backend_config,
-                                      torch.device("npu"))
-
-
-def run_cuda_style(vendor, seed, steps=STEPS, num_seqs=NUM_SEQS):
-    from vendor_graph.testing import sim
-
-    importlib.import_module(f"vendor_graph.{vendor}").activate()
-    with sim.cuda_graph_api(), torch.inference_mode():
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            probe = side_by_side(vendor, lambda m: None, num_seqs=1, seed=0)
-            configs = lmdeploy_configs(vendor, probe.model, num_seqs)
-            with step_manager(vendor, configs.model_config) as mgr:
-                pair = side_by_side(vendor, lambda m: _cuda_style_runner(vendor, m, configs, mgr),
-                                    num_seqs=num_seqs, seed=seed)
-                for active in schedule(num_seqs, steps, seed):
-                    pair.step(active)
-    return pair
-
-
 @pytest.mark.skipif(RELEASE not in compat.SUPPORTED_SERIES["camb"], reason=f"Camb/MACA unsupported on {RELEASE}")
 @pytest.mark.parametrize("vendor", ["camb", "maca"])
 def test_camb_maca_on_lmdeploys_cuda_runner_match_eager(graph_backend, vendor):
     for seed in range(SCHEDULES):
-        pair = run_cuda_style(vendor, seed)
+        pair = run(vendor, seed, steps=STEPS, num_seqs=NUM_SEQS)
         assert not pair.mismatches, pair.mismatches[:5]
         plan = schedule(NUM_SEQS, STEPS, seed)
         sizes = pair.runner.get_capture_batch_sizes()

@@ -1,0 +1,204 @@
+"""The conformance kit: drive the tiny decoder through eager and graph runners side by side, step by
+step, on the simulator, and check every step (tests/conformance and tools/soak.py use it)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from . import tiny_model as tm
+
+
+def schedule(num_seqs: int, steps: int, seed: int, change_every: int = 3) -> list[list[int]]:
+    """Active sequence sets: a new random batch size every few steps, sweeping across buckets."""
+    rng = random.Random(seed)
+    plan, active = [], list(range(num_seqs))
+    for step in range(steps):
+        if step % change_every == 0:
+            size = rng.randint(1, num_seqs)
+            active = sorted(rng.sample(range(num_seqs), size))
+        plan.append(active)
+    return plan
+
+
+def retirements(num_seqs: int, steps: int, seed: int, every: int = 8) -> dict[int, tuple[int, list[int]]]:
+    """step -> (sequence slot that finishes, the new prompt admitted in its place, reusing its blocks)."""
+    rng = random.Random(seed + 1000)
+    return {step: (rng.randrange(num_seqs), [rng.randrange(1, 256) for _ in range(rng.randint(3, 30))])
+            for step in range(every - 1, steps, every)}
+
+
+def prompts(num_seqs: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 256) for _ in range(rng.randint(3, 30))] for _ in range(num_seqs)]
+
+
+@dataclass
+class Configs:
+    model_config: SimpleNamespace
+    cache_config: SimpleNamespace
+    backend_config: SimpleNamespace
+
+
+def lmdeploy_configs(vendor: str, model: tm.TinyDecoder, max_batches: int, capture_sizes=None) -> Configs:
+    c = model.config
+    model_config = SimpleNamespace(
+        vocab_size=c.vocab_size, model_paradigm="ar", use_flash_mla=False, use_mla_fp8_cache=False,
+        mla_index_topk=None, states_shapes=[], use_mrope=False, block_size=c.block_size,
+        k_head_dim=c.head_dim, v_head_dim=c.head_dim, dtype=c.dtype)
+    cache_config = SimpleNamespace(max_batches=max_batches, num_gpu_blocks=c.max_blocks_per_seq,
+                                   cudagraph_capture_batch_sizes=capture_sizes, block_size=c.block_size,
+                                   max_prefill_token_num=4096)
+    backend_config = SimpleNamespace(eager_mode=False, device_type=vendor, piecewise_cudagraph_max_tokens=None)
+    return Configs(model_config, cache_config, backend_config)
+
+
+@dataclass
+class SideBySide:
+    """Two sessions over the same model and prompts: one eager, one through ``runner``."""
+
+    model: tm.TinyDecoder
+    runner: object
+    eager: tm.DecodeSession
+    graph: tm.DecodeSession
+    steps: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    counters: object = None  # the simulator's device-op counters over the schedule
+
+    def graph_step(self, model, ctx):
+        ctx.enable_microbatch = False
+        out = self.runner(**tm.forward_kwargs(ctx))
+        return out["hidden_states"]
+
+    def step(self, active: list[int]) -> None:
+        hidden = {}
+
+        def keep(name, run):
+            def wrapped(model, ctx):
+                hidden[name] = run(model, ctx)
+                return hidden[name]
+            return wrapped
+
+        eager_tokens = self.eager.step(active, run=keep("eager", tm.eager_step))
+        graph_tokens = self.graph.step(active, run=keep("graph", self.graph_step))
+        n = len(active)
+        e = hidden["eager"].reshape(-1, hidden["eager"].shape[-1])[:n].cpu()
+        g = hidden["graph"].reshape(-1, hidden["graph"].shape[-1])[:n].cpu()
+        if not torch.equal(e, g):
+            self.mismatches.append(f"step {self.steps} batch {n}: hidden states differ "
+                                   f"(max abs {float((e - g).abs().max()):.3g})")
+        if eager_tokens != graph_tokens:
+            self.mismatches.append(f"step {self.steps}: tokens {graph_tokens} != eager {eager_tokens}")
+        self.check_padding(n)
+        for layer, (pair_e, pair_g) in enumerate(zip(self.eager.kv_caches, self.graph.kv_caches, strict=True)):
+            for which, te, tg in zip("kv", pair_e, pair_g, strict=True):
+                if not torch.equal(te.cpu(), tg.cpu()):
+                    diff = (te.cpu() != tg.cpu()).reshape(te.shape[0], -1).any(-1).nonzero().view(-1).tolist()
+                    self.mismatches.append(f"step {self.steps}: layer {layer} {which}-cache differs in blocks {diff}")
+        self.steps += 1
+
+    def graph_meta(self, batch: int):
+        """The CudaGraphMeta of the graph that served a batch of ``batch`` (None if it ran eager)."""
+        from vendor_graph.buckets import pad_to_bucket
+
+        padded = pad_to_bucket(self.runner.get_capture_batch_sizes(), batch)
+        if hasattr(self.runner, "graphs"):  # vendor_graph's AscendGraphRunner
+            graphs = {k.padded_batch: g.meta for k, g in self.runner.graphs().items()}
+        else:  # lmdeploy's CUDAGraphRunner (the map was renamed in 0.18)
+            single = getattr(self.runner, "_full_graph_runners", None) or self.runner._runner_map
+            graphs = {k[0]: r.meta for k, r in single.items()}
+        return graphs.get(padded)
+
+    def check_padding(self, batch: int) -> None:
+        """Nothing the attention reads may hold a row of an earlier, larger step: every row past the
+        live batch of every bound buffer holds its padding value (kv_start_indices: -1, write nothing)."""
+        from vendor_graph.buffers import BATCH, BATCH_PLUS_ONE, TOKENS
+
+        meta = self.graph_meta(batch)
+        if meta is None:
+            return
+        spec = importlib.import_module(f"vendor_graph.{self.model.vendor}").PROFILE.spec
+        live = {BATCH: batch, TOKENS: batch * meta.decode_query_len, BATCH_PLUS_ONE: batch + 1}
+        for f in spec.fields:
+            tensor = meta.input_buffers.get(f.name)
+            if tensor is None or f.is_static:
+                continue
+            start = live[f.shape[f.row_dim]]
+            tail = tensor.narrow(f.row_dim, start, tensor.shape[f.row_dim] - start)
+            if not bool((tail.cpu() == f.pad).all()):
+                self.mismatches.append(f"step {self.steps} batch {batch}: {f.name} holds stale rows past the batch")
+
+    def replace(self, slot: int, prompt: list[int]) -> None:
+        """Sequence ``slot`` finishes; a new one takes its place and its freed KV blocks (as lmdeploy's
+        block manager reuses them), in both sessions alike."""
+        for session in (self.eager, self.graph):
+            session.allocator.free.extend(reversed(session.block_tables[slot]))
+            table = session.allocator.ensure([], len(prompt))
+            hidden = tm.prefill(self.model, session.kv_caches, [table], [prompt])
+            session.block_tables[slot] = table
+            session.tokens[slot] = list(prompt) + [int(self.model.get_logits(hidden).argmax(-1)[0])]
+
+    def run(self, plan: list[list[int]], replacements: dict[int, tuple[int, list[int]]]) -> None:
+        for step, active in enumerate(plan):
+            self.step(active)
+            if step in replacements:
+                self.replace(*replacements[step])
+
+
+@contextlib.contextmanager
+def step_manager(vendor: str, model_config):
+    """lmdeploy's StepContextManager as the engine sets it up (AR strategy), for the block."""
+    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+    from lmdeploy.pytorch.strategies.ar import ARStrategyFactory
+
+    with tm.lmdeploy_step_env(vendor):
+        mgr = get_step_ctx_manager()
+        mgr.build_ctx.strategy_factory = ARStrategyFactory(model_config)
+        yield mgr
+
+
+def _build_runner(vendor: str, model: tm.TinyDecoder, configs: Configs, mgr):
+    """The runner lmdeploy's ModelAgent would get: the vendor op backend's (patched) builder."""
+    op_backend = importlib.import_module(f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend")
+    backend = getattr(op_backend, f"{vendor.capitalize()}OpsBackend")
+    model.ctx_mgr = mgr
+    return backend.build_graph_runner(model, configs.model_config, configs.cache_config, configs.backend_config,
+                                      torch.device("npu"))
+
+
+def run(vendor: str, seed: int, *, generation: str | None = None, attention: str = "fia", steps: int = 64,
+        num_seqs: int = 20, max_batches: int | None = None) -> SideBySide:
+    """One seeded schedule of ``steps`` decode steps on the simulator, eager and graph side by side.
+
+    Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run lmdeploy's own CUDA
+    graph runner on the simulator's CUDA-style graph API. Inspect ``.mismatches`` afterwards.
+    """
+    import vendor_graph
+
+    from . import sim
+
+    vendor_graph.uninstall()  # one vendor per process: this schedule's
+    importlib.import_module(f"vendor_graph.{vendor}").activate()
+    if vendor == "ascend":
+        device_api = sim.use_torch_npu(generation)
+    else:
+        device_api = sim.cuda_graph_api()
+    with device_api, torch.inference_mode():
+        streams = torch.npu if vendor == "ascend" else torch.cuda
+        with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
+            model = tm.TinyDecoder(vendor, ascend_attention=attention, device="npu")
+            configs = lmdeploy_configs(vendor, model, max_batches or num_seqs)
+            with step_manager(vendor, configs.model_config) as mgr:
+                texts = prompts(num_seqs, seed)
+                pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr),
+                                  eager=tm.DecodeSession(model, texts, device="npu", seed=seed),
+                                  graph=tm.DecodeSession(model, texts, device="npu", seed=seed))
+                sim.reset_counters()
+                pair.run(schedule(num_seqs, steps, seed), retirements(num_seqs, steps, seed))
+                pair.counters = sim.counters.snapshot()
+    return pair

@@ -1,0 +1,109 @@
+"""Mutation checks: each classic graph-mode failure (DESIGN.md §2) put back into the shipped code,
+and the suite must catch it.
+
+Each case copies ``src/`` to a temporary directory, applies one textual change to the shipped module
+(the exact text must occur once, so a refactor that moves it fails here loudly instead of silently
+testing nothing), and runs the tests that guard against it with the mutated copy first on the path.
+The case passes when those tests fail, and records which test caught it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vendor_graph import compat
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = compat.series(compat.installed_lmdeploy_version())
+ASCEND_PARITY = "tests/conformance/test_decode_parity.py::test_ascend_graph_matches_eager_and_refreshes_seqlens"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # under src/vendor_graph
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    needs: str = "ascend"  # the vendor whose conformance catches it on this lmdeploy release
+
+
+MUTATIONS = (
+    Mutation(
+        "padding kv_start_indices -1 changed to 0", "specs/ascend.py",
+        'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=-1,',
+        'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=0,',
+        (f"{ASCEND_PARITY}[fia-G5]",)),
+    Mutation(
+        "Camb max_kv_seq_len left at the value frozen at capture", "specs/cuda_style.py",
+        'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',
+        'constants={api.max_q_attr: _derive_from_tensor},',
+        ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),
+        needs="camb"),
+    Mutation(
+        "Ascend seq-len update skipped", "npu/runner.py",
+        "        self._refresh_seqlens(graph, lens)\n",
+        "",
+        (f"{ASCEND_PARITY}[fia-G5]", f"{ASCEND_PARITY}[fia-G1]")),
+    Mutation(
+        "block table left out of the attention bind step", "fields.py",
+        'bind=(Ref.attn("block_offsets"), Ref.context("block_offsets")))',
+        'bind=(Ref.context("block_offsets"),))',
+        (f"{ASCEND_PARITY}[fia-G5]",)),
+    Mutation(
+        "padding tail of an earlier larger batch not reset", "buffers.py",
+        "                dst[tuple(idx)].fill_(f.pad)\n",
+        "                pass\n",
+        (f"{ASCEND_PARITY}[fia-G5]",)),
+    Mutation(
+        "graph looked up by the live batch instead of its bucket", "npu/runner.py",
+        "padded_batch=buckets.pad_to_bucket(self.capture_sizes, wanted),",
+        "padded_batch=wanted,",
+        (f"{ASCEND_PARITY}[fia-G5]",)),
+)
+
+
+def _mutated_tree(tmp_path: Path, mutation: Mutation) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    target = src / "vendor_graph" / mutation.path
+    text = target.read_text()
+    assert text.count(mutation.old) == 1, f"{mutation.path}: the guarded code moved; update this mutation"
+    target.write_text(text.replace(mutation.old, mutation.new))
+    return src
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
+def test_classic_failure_is_caught(mutation, tmp_path):
+    if RELEASE not in compat.SUPPORTED_SERIES[mutation.needs]:
+        pytest.skip(f"its guard runs on {mutation.needs}, unsupported on lmdeploy {RELEASE}")
+    src = _mutated_tree(tmp_path, mutation)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+               VENDOR_GRAPH_TORCH_NPU_MANIFESTS=str(ROOT / "tools" / "manifests"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *mutation.tests],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    caught = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
+    assert proc.returncode == 1 and caught, (
+        f"mutation '{mutation.name}' was not caught (pytest exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    print(f"'{mutation.name}' caught by {caught[0]}")
+
+
+def test_the_unmutated_copy_passes(tmp_path):
+    """The harness itself: the same tests on an unchanged copy must pass, or every 'catch' above is noise."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+               VENDOR_GRAPH_TORCH_NPU_MANIFESTS=str(ROOT / "tools" / "manifests"))
+    tests = sorted({t for m in MUTATIONS if RELEASE in compat.SUPPORTED_SERIES[m.needs] for t in m.tests})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "vendor_graph" in proc.stdout or "passed" in proc.stdout
