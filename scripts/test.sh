@@ -15,7 +15,7 @@ for version in ${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}; do
   echo "=== lmdeploy $version"
   start=$SECONDS
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run apart.
-  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy "$@" \
+  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy tests/mutations "$@" \
     || status=1
   "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1

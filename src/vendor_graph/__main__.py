@@ -98,6 +98,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def seqlen_path_table() -> str:
+    """Markdown: every torch_npu release on PyPI -> the seq-len update path per attention op."""
+    from .ascend_versions import GENERATION_FACTS, RELEASES
+    from .npu.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
+
+    ops = [("FIA `.default`", FIA, ".default"), ("FIA `.out`", FIA, ".out"), ("FIA v2 `.out`", FIA_V2, ".out"),
+           ("paged attention", PAGED_ATTENTION, ".default"), ("MLA `.out`", MLA, ".out"),
+           ("paged attention MLA", PAGED_ATTENTION_MLA, ".default")]
+    lines = ["| torch_npu | generation | " + " | ".join(name for name, _, _ in ops) + " |",
+             "|---|---|" + "---|" * len(ops)]
+    for release in sorted(RELEASES, key=lambda r: (r.generation, _version_key(r.version))):
+        facts = GENERATION_FACTS[release.generation]
+        lines.append(f"| {release.version} | {release.generation} | "
+                     + " | ".join(path_for(facts, op, overload) for _, op, overload in ops) + " |")
+    return "\n".join(lines)
+
+
+def _version_key(version: str):
+    from packaging.version import Version
+
+    return Version(version)
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    print(seqlen_path_table())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vendor-graph", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING")
@@ -107,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--max-batches", type=int, default=256, help="lmdeploy's max_batch_size")
     plan.add_argument("--capture-sizes", type=int, nargs="+", default=None,
                       help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy")
+    sub.add_parser("paths", help="print the torch_npu release -> seq-len update path table (markdown)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.command == "plan":
         return cmd_plan(args)
+    if args.command == "paths":
+        return cmd_paths(args)
     return 2
 
 

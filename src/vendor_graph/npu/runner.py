@@ -212,6 +212,11 @@ class AscendGraphRunner(GraphRunner):
             self._eager_reasons[key] = str(exc)
             logger.warning("vendor_graph.ascend: %s runs eager: %s", key, exc)
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
+        except Exception as exc:
+            # Capture executes nothing, so this step's result is the warmup's; the key stays eager.
+            self._eager_reasons[key] = f"capture failed: {type(exc).__name__}: {exc}"
+            logger.exception("vendor_graph.ascend: capturing %s failed; it runs eager from now on", key)
+            return self.model.get_outputs_cudagraph(warmup, **kwargs)
         graph.capture_seconds = time.perf_counter() - start
         self.stats.captured(key.padded_batch, graph.capture_seconds)
         self._graphs[key] = graph

@@ -72,6 +72,7 @@ class SideBySide:
 
     def graph_step(self, model, ctx):
         ctx.enable_microbatch = False
+        model.ctx_mgr.set_context(ctx)
         out = self.runner(**tm.forward_kwargs(ctx))
         return out["hidden_states"]
 
