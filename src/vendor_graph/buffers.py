@@ -307,15 +307,7 @@ class BufferSpec:
             self._fill_field(f, state, f.source.get(roots[f.source.kind]))
 
         new_inputs = dict(inputs)
-        for f in self.fields:
-            st = state.fields.get(f.name)
-            if st is None:
-                continue
-            for ref in f.bind:
-                if ref.kind == "attn":
-                    ref.set(attn_metadata, st.tensor)
-                elif ref.kind == "kwarg":
-                    ref.set(new_inputs, st.tensor)
+        self._bind(state, {"attn": attn_metadata, "kwarg": new_inputs})
         for name, make_value in self.constants.items():
             Ref.attn(name).set(attn_metadata, make_value(state.dims, attn_metadata))
         for held in self.held:
@@ -338,14 +330,18 @@ class BufferSpec:
                     state.fields[f.name] = self._allocate(f, state.dims, graph_meta.device, src)
                     graph_meta.input_buffers[f.name] = state.fields[f.name].tensor
             self._fill_field(f, state, src)
+        self._bind(state, {"context": context})
+        state.sealed = True
+
+    def _bind(self, state: GraphBuffers, roots: Mapping[str, Any]) -> None:
+        """Point every bind target of the given kinds at its field's buffer."""
         for f in self.fields:
             st = state.fields.get(f.name)
             if st is None:
                 continue
             for ref in f.bind:
-                if ref.kind == "context":
-                    ref.set(context, st.tensor)
-        state.sealed = True
+                if ref.kind in roots:
+                    ref.set(roots[ref.kind], st.tensor)
 
     def _fill_field(self, f: BufferField, state: GraphBuffers, src: Any) -> None:
         st = state.fields.get(f.name)

@@ -24,9 +24,6 @@ logger = logging.getLogger("vendor_graph")
 @dataclass(frozen=True)
 class VendorProfile:
     name: str
-    # lmdeploy's op backend for this vendor: module and class whose build_graph_runner we wrap.
-    op_backend_module: str
-    op_backend_class: str
     build_spec: Callable[[LmdeployApi], BufferSpec]
     # Builds the graph runner; receives lmdeploy's original builder and its arguments.
     build_runner: Callable[..., Any] | None = None
@@ -36,6 +33,15 @@ class VendorProfile:
     @functools.cached_property
     def spec(self) -> BufferSpec:
         return self.build_spec(compat.lmdeploy_api())
+
+    @property
+    def op_backend_module(self) -> str:
+        """lmdeploy's op backend module for this vendor, whose builder we wrap."""
+        return f"lmdeploy.pytorch.backends.dlinfer.{self.name}.op_backend"
+
+    @property
+    def op_backend_class(self) -> str:
+        return f"{self.name.capitalize()}OpsBackend"
 
 
 def _model_inputs(input_ids, position_ids, inputs_embeds, kwargs) -> dict[str, Any]:

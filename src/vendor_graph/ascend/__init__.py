@@ -50,8 +50,6 @@ def _route_moe_padding(activation: patching.Activation) -> None:
 
 PROFILE = VendorProfile(
     name="ascend",
-    op_backend_module="lmdeploy.pytorch.backends.dlinfer.ascend.op_backend",
-    op_backend_class="AscendOpsBackend",
     build_spec=ascend_spec,
     build_runner=_build_runner,
     extra_setup=_route_moe_padding,

@@ -8,22 +8,13 @@ using the values frozen at capture.
 
 from __future__ import annotations
 
+import functools
+
 from ..specs.cuda_style import camb_spec
 from ..vendor import VendorProfile, install
 
-PROFILE = VendorProfile(
-    name="camb",
-    op_backend_module="lmdeploy.pytorch.backends.dlinfer.camb.op_backend",
-    op_backend_class="CambOpsBackend",
-    build_spec=camb_spec,
-)
-
-
-def activate():
-    """Install vendor_graph.camb (idempotent); importing this module already did, unless undone since."""
-    return install(PROFILE)
-
-
+PROFILE = VendorProfile(name="camb", build_spec=camb_spec)
+activate = functools.partial(install, PROFILE)  # idempotent; importing this module already did
 activate()
 
 __all__ = ["PROFILE", "activate", "camb_spec"]

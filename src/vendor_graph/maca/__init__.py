@@ -7,22 +7,13 @@ the max-length ints at -1 (lmdeploy's MACA backend already passes -1 when decodi
 
 from __future__ import annotations
 
+import functools
+
 from ..specs.cuda_style import maca_spec
 from ..vendor import VendorProfile, install
 
-PROFILE = VendorProfile(
-    name="maca",
-    op_backend_module="lmdeploy.pytorch.backends.dlinfer.maca.op_backend",
-    op_backend_class="MacaOpsBackend",
-    build_spec=maca_spec,
-)
-
-
-def activate():
-    """Install vendor_graph.maca (idempotent); importing this module already did, unless undone since."""
-    return install(PROFILE)
-
-
+PROFILE = VendorProfile(name="maca", build_spec=maca_spec)
+activate = functools.partial(install, PROFILE)  # idempotent; importing this module already did
 activate()
 
 __all__ = ["PROFILE", "activate", "maca_spec"]
