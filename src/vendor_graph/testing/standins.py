@@ -1,0 +1,26 @@
+"""Where the stand-in ``dlinfer`` lives, for runs on machines without the real one.
+
+lmdeploy's Ascend op backend imports a few dlinfer names (and lmdeploy imports
+``dlinfer.framework.lmdeploy_ext`` in its workers). The real dlinfer needs torch_npu and an Ascend
+machine; the repository's ``tests/stubs/dlinfer`` reproduces just those facts (see its README).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+STANDIN_ROOT = Path(__file__).resolve().parents[3] / "tests" / "stubs"
+
+
+def use_standin_dlinfer_if_missing() -> bool:
+    """Put the stand-in dlinfer on ``sys.path`` unless a real dlinfer is importable; True if it did."""
+    if importlib.util.find_spec("dlinfer") is not None:
+        return False
+    if not (STANDIN_ROOT / "dlinfer").is_dir():
+        raise RuntimeError(
+            f"no dlinfer installed and no stand-in at {STANDIN_ROOT}: run the demo from a clone of the repository"
+        )
+    sys.path.insert(0, str(STANDIN_ROOT))
+    return True
