@@ -134,3 +134,23 @@ def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(graph_backen
         pair.step([0, 1, 2, 3])  # another bucket captures normally
         assert len(pair.runner.graphs()) == 1
     assert not pair.mismatches
+
+
+def test_warmup_captures_every_size_largest_first_into_one_pool(graph_backend):
+    """lmdeploy's ModelAgent.warmup calls the runner once per capture size, largest first: every size
+    gets its graph, all in the runner's one pool, and later steps replay them."""
+    from vendor_graph.testing import sim
+
+    with ascend_pair("G4", num_seqs=6) as pair:
+        sizes = pair.runner.get_capture_batch_sizes()
+        assert sizes == [1, 2, 4, 6]
+        for size in reversed(sizes):
+            pair.step(list(range(size)))
+        graphs = pair.runner.graphs()
+        assert sorted(k.padded_batch for k in graphs) == sizes
+        pools = {sim.pool_of(g.graph.pool()) for g in graphs.values()}
+        assert len(pools) == 1 and pair.runner.stats.replays == 0
+        for size in (3, 5, 1):
+            pair.step(list(range(size)))
+        assert pair.runner.stats.replays == 3 and len(pair.runner.graphs()) == len(sizes)
+    assert not pair.mismatches
