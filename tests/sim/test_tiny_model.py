@@ -272,3 +272,119 @@ def test_the_active_vendors_buffer_methods_feed_the_model(vendor):
     assert torch.equal(got[:, :len(PROMPTS)], expect)
     for (ka, va), (kb, vb) in zip(plain.kv_caches, graphed.kv_caches, strict=True):
         assert torch.equal(ka, kb) and torch.equal(va, vb), "padding rows wrote a KV slot"
+
+
+# -------------------------------------------------------------------------------------------------
+# multi-token decode (speculative decoding) and MLA
+
+
+@pytest.mark.parametrize("attention", tm.MULTI_TOKEN_ATTENTION)
+@pytest.mark.parametrize("query_len", [2, 3])
+def test_multi_token_decode_equals_a_dense_reference_forward(attention, query_len):
+    """Every query token of a multi-token step sees the KV up to its own position (causal inside the
+    block), and the drafts plus the last greedy token are appended."""
+    with tm.lmdeploy_step_env("ascend"):
+        s = tm.DecodeSession(tm.TinyDecoder("ascend", ascend_attention=attention), PROMPTS, query_len=query_len)
+        seen = []
+        for _ in range(3):
+            s.step(run=recording_runner(seen))
+        before = [len(t) for t in s.tokens]
+        fed = [s.query_tokens(i) for i in (3, 1)]
+        predicted = s.step(active=[3, 1], run=recording_runner(seen))
+    ctx, hidden = seen[-1]
+    assert hidden.shape == (1, 2 * query_len, 64)
+    for b, seq in enumerate([3, 1]):
+        n = before[seq]
+        assert s.tokens[seq][n - 1:n - 1 + query_len] == fed[b]
+        assert s.tokens[seq][-1] == predicted[b][-1] and len(s.tokens[seq]) == n + query_len
+        ref = s.model.reference_hidden(s.tokens[seq][:n - 1 + query_len])[-query_len:]
+        torch.testing.assert_close(hidden[0, b * query_len:(b + 1) * query_len], ref, rtol=0, atol=2e-5)
+        ref_tokens = s.model.get_logits(ref).argmax(-1).tolist()
+        assert predicted[b] == ref_tokens
+
+
+def test_multi_token_metadata_comes_from_lmdeploys_multi_token_branch():
+    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+
+    with tm.lmdeploy_step_env("ascend"):
+        caches = tm.allocate_kv_caches(tm.TinyConfig(), "ascend")
+        ctx = tm.build_decode_context("ascend", caches, [[5, 9], [3]], [17, 3], [[11, 12], [13, 14]], query_len=2)
+        assert get_step_ctx_manager().build_ctx.num_spec_tokens == 1
+    meta = ctx.attn_metadata
+    assert ctx.is_decoding and ctx.max_q_seqlen == 2 and ctx.q_seqlens.tolist() == [2, 2]
+    assert not meta.is_decoding and meta.is_multi_token_decoding
+    assert ctx.input_ids.tolist() == [[11, 12, 13, 14]] and ctx.position_ids.tolist() == [[15, 16, 1, 2]]
+    assert meta.kv_start_indices.view(-1).tolist() == [5 * 16 + 15, 9 * 16 + 0, 3 * 16 + 1, 3 * 16 + 2]
+    q_ends, kv_host = tm.ascend_host_seqlens(meta)
+    assert q_ends.device.type == kv_host.device.type == "cpu"
+    assert q_ends.tolist() == [2, 4] and kv_host.tolist() == [17, 3]
+    (mask,) = meta.attention_mask  # lmdeploy's fixed causal-mask template
+    assert mask.shape == (2048, 2048) and bool(mask[0, 1]) and not bool(mask[1, 0])
+
+
+def test_multi_token_decode_is_refused_where_it_is_not_modelled():
+    with tm.lmdeploy_step_env("ascend"):
+        s = tm.DecodeSession(tm.TinyDecoder("ascend", ascend_attention="paged_attention"), PROMPTS[:2], query_len=2)
+        with pytest.raises(NotImplementedError, match="one token per sequence"):
+            s.step()
+    caches = tm.allocate_kv_caches(tm.TinyConfig(), "maca")
+    with pytest.raises(ValueError, match="Ascend only"):
+        tm.build_decode_context("maca", caches, [[5]], [3], [[1, 2]], query_len=2)
+    with pytest.raises(ValueError, match="query_len=2 tokens"):
+        tm.build_decode_context("ascend", caches, [[5]], [3], [1], query_len=2)
+
+
+@pytest.mark.parametrize("query_len", [1, 2])
+def test_the_ascend_buffer_methods_pad_multi_token_steps(query_len):
+    """vendor_graph's Ascend fill, on a graph of 8 sequences x query_len tokens: live rows unchanged,
+    padding tokens write no KV (eager run on the graph buffers)."""
+    import importlib
+
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMeta
+
+    importlib.import_module("vendor_graph.ascend").activate()
+    c = tm.TinyConfig()
+    with tm.lmdeploy_step_env("ascend"):
+        plain, graphed = (tm.DecodeSession(tm.TinyDecoder("ascend"), PROMPTS, query_len=query_len) for _ in range(2))
+        expect = tm.eager_step(plain.model, plain.decode_context())
+        ctx = graphed.decode_context()
+        meta = CudaGraphMeta(max_batchs=8, max_tokens=8 * query_len, num_blocks=c.max_blocks_per_seq,
+                             is_decoding=True, device=torch.device("cpu"), input_buffers={}, output_buffers={},
+                             vocab_size=c.vocab_size, block_size=c.block_size, decode_query_len=query_len)
+        kwargs = tm.forward_kwargs(ctx)
+        meta.input_buffers = graphed.model.make_buffers_cudagraph(meta, **kwargs)
+        padded = graphed.model.fill_buffers_cudagraph(meta, **kwargs)
+        graphed.model.update_context_cudagraph(meta, ctx)
+        with torch.inference_mode():
+            got = graphed.model(**padded)
+    live = len(PROMPTS) * query_len
+    assert got.shape == (1, 8 * query_len, c.hidden_size)
+    assert torch.equal(got[:, :live], expect)
+    assert (meta.input_buffers["kv_start_indices"][live:] == -1).all()
+    for (ka, va), (kb, vb) in zip(plain.kv_caches, graphed.kv_caches, strict=True):
+        assert torch.equal(ka, kb) and torch.equal(va, vb), "padding tokens wrote a KV slot"
+
+
+def test_mla_variants_equal_a_dense_reference_and_each_other():
+    tokens, caches = {}, {}
+    for attention in tm.MLA_ATTENTION:
+        with tm.lmdeploy_step_env("ascend"):
+            model = tm.TinyDecoder("ascend", ascend_attention=attention)
+            s = tm.DecodeSession(model, PROMPTS)
+            seen = []
+            for _ in range(4):
+                s.step(run=recording_runner(seen))
+            s.step(active=[2, 0], run=recording_runner(seen))
+        _, hidden = seen[-1]
+        for row, seq in enumerate([2, 0]):
+            ref = model.reference_hidden(s.tokens[seq][:-1])[-1]
+            torch.testing.assert_close(hidden[0, row], ref, rtol=0, atol=2e-5)
+        tokens[attention], caches[attention] = s.tokens, s.kv_caches
+    assert tokens["mla"] == tokens["paged_attention_mla"]
+    c = tm.TinyConfig()
+    k_cache, v_cache = caches["mla"][0]
+    assert k_cache.shape == (c.num_blocks, c.block_size, 1, c.kv_lora_rank + c.qk_rope_head_dim)
+    assert v_cache.shape == (c.num_blocks, c.block_size, 1, c.kv_lora_rank)
+    assert tm.TinyDecoder("ascend", ascend_attention="mla").kv_cache_dims() == (1, 40, 32)
+    with pytest.raises(ValueError, match="Ascend attention kernels"):
+        tm.TinyDecoder("camb", ascend_attention="mla")

@@ -45,12 +45,17 @@ class Configs:
     backend_config: SimpleNamespace
 
 
-def lmdeploy_configs(vendor: str, model: tm.TinyDecoder, max_batches: int, capture_sizes=None) -> Configs:
+def lmdeploy_configs(vendor: str, model: tm.TinyDecoder, max_batches: int, capture_sizes=None,
+                     query_len: int = 1) -> Configs:
+    """lmdeploy's model/cache/backend configs for the tiny model. The KV head dims are the model's
+    (an MLA variant's differ, so lmdeploy's Ascend builder passes ``is_mla=True``); ``query_len`` > 1
+    marks a speculative-decoding engine (``model_paradigm="ar_spec"``)."""
     c = model.config
+    _, k_head_dim, v_head_dim = model.kv_cache_dims()
     model_config = SimpleNamespace(
-        vocab_size=c.vocab_size, model_paradigm="ar", use_flash_mla=False, use_mla_fp8_cache=False,
-        mla_index_topk=None, states_shapes=[], use_mrope=False, block_size=c.block_size,
-        k_head_dim=c.head_dim, v_head_dim=c.head_dim, dtype=c.dtype)
+        vocab_size=c.vocab_size, model_paradigm="ar_spec" if query_len > 1 else "ar", use_flash_mla=False,
+        use_mla_fp8_cache=False, mla_index_topk=None, states_shapes=[], use_mrope=False, block_size=c.block_size,
+        k_head_dim=k_head_dim, v_head_dim=v_head_dim, dtype=c.dtype)
     cache_config = SimpleNamespace(max_batches=max_batches, num_gpu_blocks=c.max_blocks_per_seq,
                                    cudagraph_capture_batch_sizes=capture_sizes, block_size=c.block_size,
                                    max_prefill_token_num=4096)
@@ -88,8 +93,9 @@ class SideBySide:
         eager_tokens = self.eager.step(active, run=keep("eager", tm.eager_step))
         graph_tokens = self.graph.step(active, run=keep("graph", self.graph_step))
         n = len(active)
-        e = hidden["eager"].reshape(-1, hidden["eager"].shape[-1])[:n].cpu()
-        g = hidden["graph"].reshape(-1, hidden["graph"].shape[-1])[:n].cpu()
+        rows = n * self.eager.query_len  # every query token of every live sequence
+        e = hidden["eager"].reshape(-1, hidden["eager"].shape[-1])[:rows].cpu()
+        g = hidden["graph"].reshape(-1, hidden["graph"].shape[-1])[:rows].cpu()
         if not torch.equal(e, g):
             self.mismatches.append(f"step {self.steps} batch {n}: hidden states differ "
                                    f"(max abs {float((e - g).abs().max()):.3g})")
@@ -152,14 +158,16 @@ class SideBySide:
 
 
 @contextlib.contextmanager
-def step_manager(vendor: str, model_config):
-    """lmdeploy's StepContextManager as the engine sets it up (AR strategy), for the block."""
+def step_manager(vendor: str, model_config, query_len: int = 1):
+    """lmdeploy's StepContextManager as the engine sets it up (AR strategy), for the block;
+    ``query_len`` > 1: a speculative-decoding engine's ``build_ctx.num_spec_tokens = query_len - 1``."""
     from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
     from lmdeploy.pytorch.strategies.ar import ARStrategyFactory
 
     with tm.lmdeploy_step_env(vendor):
         mgr = get_step_ctx_manager()
         mgr.build_ctx.strategy_factory = ARStrategyFactory(model_config)
+        mgr.build_ctx.num_spec_tokens = query_len - 1
         yield mgr
 
 
@@ -173,11 +181,13 @@ def _build_runner(vendor: str, model: tm.TinyDecoder, configs: Configs, mgr):
 
 
 def run(vendor: str, seed: int, *, generation: str | None = None, attention: str = "fia", steps: int = 64,
-        num_seqs: int = 20, max_batches: int | None = None) -> SideBySide:
+        num_seqs: int = 20, max_batches: int | None = None, query_len: int = 1) -> SideBySide:
     """One seeded schedule of ``steps`` decode steps on the simulator, eager and graph side by side.
 
     Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run lmdeploy's own CUDA
     graph runner on the simulator's CUDA-style graph API. Inspect ``.mismatches`` afterwards.
+    ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
+    see :class:`~vendor_graph.testing.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
     """
     import vendor_graph
 
@@ -193,12 +203,12 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
         streams = torch.npu if vendor == "ascend" else torch.cuda
         with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
             model = tm.TinyDecoder(vendor, ascend_attention=attention, device="npu")
-            configs = lmdeploy_configs(vendor, model, max_batches or num_seqs)
-            with step_manager(vendor, configs.model_config) as mgr:
+            configs = lmdeploy_configs(vendor, model, max_batches or num_seqs, query_len=query_len)
+            with step_manager(vendor, configs.model_config, query_len=query_len) as mgr:
                 texts = prompts(num_seqs, seed)
                 pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr),
-                                  eager=tm.DecodeSession(model, texts, device="npu", seed=seed),
-                                  graph=tm.DecodeSession(model, texts, device="npu", seed=seed))
+                                  eager=tm.DecodeSession(model, texts, device="npu", seed=seed, query_len=query_len),
+                                  graph=tm.DecodeSession(model, texts, device="npu", seed=seed, query_len=query_len))
                 sim.reset_counters()
                 pair.run(schedule(num_seqs, steps, seed), retirements(num_seqs, steps, seed))
                 pair.counters = sim.counters.snapshot()

@@ -21,6 +21,19 @@ Decode attention per vendor (what each reads from ``attn_metadata``, per lmdeplo
   ``"paged_attention"`` (``atb::_npu_paged_attention``, the host tensor as positional
   ``context_lens``). Host values are frozen into a captured graph: only the vendor's update path
   changes them;
+- ``ascend`` MLA variants (``"mla"``, ``"paged_attention_mla"``): a latent-attention layer (DeepSeek
+  style, weights absorbed): one KV head whose key is ``[latent | rope]`` (``kv_lora_rank +
+  qk_rope_head_dim``) and whose value is the latent part (``kv_lora_rank``), so the K and V head dims
+  differ (what makes lmdeploy pass ``is_mla=True``). ``"mla"`` calls
+  ``npu::npu_multi_head_latent_attention.out`` (``ctkv`` / ``k_rope`` = the two parts of the key
+  cache, the host list ``context_lens`` positional at index 5); ``"paged_attention_mla"`` calls
+  ``atb::_npu_paged_attention_mla`` (the whole key cache, the value being its first ``mla_vheadsize``
+  dims, the host tensor ``context_lens`` positional at index 6). Single-token decode only;
+- multi-token decode (speculative decoding, ``query_len`` > 1 tokens per sequence, FIA and FIA v2
+  only): lmdeploy's Ascend backend builds it on its non-decoding path (``is_decoding=False``,
+  ``is_multi_token_decoding=True``, per-token ``kv_start_indices``, cumulative host query lengths and
+  the fixed causal-mask template in ``attention_mask``); the model calls FIA with that mask and
+  ``sparse_mode=3`` (causal inside each sequence's query block, aligned at the bottom right);
 - ``camb``: ``vendor_graph_sim::camb_paged_decode_attention`` with the device ``kv_seqlens`` and the
   int ``max_kv_seq_len`` (a positive value frozen at capture truncates attention);
 - ``maca``: ``vendor_graph_sim::maca_paged_decode_attention`` with the device ``kv_seqlens``; its
@@ -62,7 +75,10 @@ from ..npu.hook import call_attention
 from . import kernels
 
 VENDORS = ("ascend", "camb", "maca")
-ASCEND_ATTENTION = ("fia", "fia_v2", "paged_attention")
+ASCEND_ATTENTION = ("fia", "fia_v2", "paged_attention", "mla", "paged_attention_mla")
+MLA_ATTENTION = ("mla", "paged_attention_mla")
+# Attention variants that can take several query tokens per sequence (speculative decoding).
+MULTI_TOKEN_ATTENTION = ("fia", "fia_v2")
 OP_BACKENDS = {
     "ascend": ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend"),
     "camb": ("lmdeploy.pytorch.backends.dlinfer.camb.op_backend", "CambOpsBackend"),
@@ -88,6 +104,9 @@ class TinyConfig:
     max_blocks_per_seq: int = 8
     seed: int = 0
     dtype: torch.dtype = torch.float32
+    # MLA variants only: the latent (compressed KV, also the value head) width and the RoPE part of the key.
+    kv_lora_rank: int = 32
+    qk_rope_head_dim: int = 8
 
     @property
     def max_seq_len(self) -> int:
@@ -96,6 +115,14 @@ class TinyConfig:
     @property
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def mla_key_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def mla_scale(self) -> float:
+        return 1.0 / math.sqrt(self.mla_key_dim)
 
 
 def kv_cache_layout(vendor: str) -> str:
@@ -110,16 +137,26 @@ def _check_vendor(vendor: str) -> None:
 
 
 def allocate_kv_caches(config: TinyConfig, vendor: str, device: torch.device | str = "cpu",
-                       num_blocks: int | None = None, fill: float = 0.0) -> list[tuple[Tensor, Tensor]]:
+                       num_blocks: int | None = None, fill: float = 0.0, *,
+                       mla: bool = False) -> list[tuple[Tensor, Tensor]]:
     """One ``(k_cache, v_cache)`` per layer in the vendor's layout (lmdeploy's ``get_k_block_shape``
-    with the block count in front), filled with ``fill`` (``float('nan')`` poisons unused slots)."""
+    with the block count in front), filled with ``fill`` (``float('nan')`` poisons unused slots).
+
+    ``mla=True`` (Ascend MLA variants): one KV head, the key ``kv_lora_rank + qk_rope_head_dim`` wide
+    and the value ``kv_lora_rank`` wide (K and V head dims differ, as in lmdeploy's MLA models)."""
     nb = num_blocks or config.num_blocks
-    if kv_cache_layout(vendor) == "bshd":
-        shape = (nb, config.block_size, config.num_kv_heads, config.head_dim)
+    layout = kv_cache_layout(vendor)
+    if mla:
+        if layout != "bshd":
+            raise ValueError(f"the MLA cache is modelled for Ascend's layout only, not {vendor!r}")
+        k_shape = (nb, config.block_size, 1, config.mla_key_dim)
+        v_shape = (nb, config.block_size, 1, config.kv_lora_rank)
+    elif layout == "bshd":
+        k_shape = v_shape = (nb, config.block_size, config.num_kv_heads, config.head_dim)
     else:
-        shape = (nb, config.num_kv_heads, config.block_size, config.head_dim)
-    return [(torch.full(shape, fill, dtype=config.dtype, device=device),
-             torch.full(shape, fill, dtype=config.dtype, device=device)) for _ in range(config.num_layers)]
+        k_shape = v_shape = (nb, config.num_kv_heads, config.block_size, config.head_dim)
+    return [(torch.full(k_shape, fill, dtype=config.dtype, device=device),
+             torch.full(v_shape, fill, dtype=config.dtype, device=device)) for _ in range(config.num_layers)]
 
 
 class BlockAllocator:
@@ -174,15 +211,44 @@ class _Layer(nn.Module):
         self.down_proj = w(c.hidden_size, c.intermediate_size)
 
 
+class _MLALayer(nn.Module):
+    """A latent-attention layer with the up-projections absorbed (as MLA decode kernels expect):
+    the query is projected straight into the latent space (``q_nope``) plus a RoPE part; the key is
+    ``[normed latent | RoPE part]`` shared by all heads, the value the latent; ``o_proj`` maps the
+    per-head latent outputs back to the hidden size."""
+
+    def __init__(self, c: TinyConfig, g: torch.Generator):
+        super().__init__()
+
+        def w(rows: int, cols: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(rows, cols, generator=g) / math.sqrt(cols), requires_grad=False)
+
+        def norm(size: int) -> nn.Parameter:
+            return nn.Parameter(1.0 + 0.1 * torch.randn(size, generator=g), requires_grad=False)
+
+        self.input_norm = norm(c.hidden_size)
+        self.q_nope_proj = w(c.num_heads * c.kv_lora_rank, c.hidden_size)
+        self.q_rope_proj = w(c.num_heads * c.qk_rope_head_dim, c.hidden_size)
+        self.kv_a_proj = w(c.kv_lora_rank, c.hidden_size)
+        self.kv_norm = norm(c.kv_lora_rank)
+        self.k_rope_proj = w(c.qk_rope_head_dim, c.hidden_size)
+        self.o_proj = w(c.hidden_size, c.num_heads * c.kv_lora_rank)
+        self.post_norm = norm(c.hidden_size)
+        self.gate_proj = w(c.intermediate_size, c.hidden_size)
+        self.up_proj = w(c.intermediate_size, c.hidden_size)
+        self.down_proj = w(c.hidden_size, c.intermediate_size)
+
+
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 
 class TinyDecoder(nn.Module, CudaGraphMixin):
     """Tiny Llama-style decoder on the emulated ``vendor`` kernels (see the module docstring).
 
-    ``ascend_attention`` picks the Ascend decode kernel: ``"fia"``, ``"fia_v2"`` or
-    ``"paged_attention"``. Parameters do not require grad; use under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` as lmdeploy does.
+    ``ascend_attention`` picks the Ascend decode kernel: ``"fia"``, ``"fia_v2"``,
+    ``"paged_attention"``, or an MLA variant (``"mla"``, ``"paged_attention_mla"``: latent-attention
+    layers with their own weights and an MLA-shaped KV cache, see :meth:`kv_cache_dims`). Parameters
+    do not require grad; use under ``torch.no_grad()`` or ``torch.inference_mode()`` as lmdeploy does.
     """
 
     def __init__(self, vendor: str = "ascend", config: TinyConfig | None = None, *,
@@ -191,17 +257,23 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         _check_vendor(vendor)
         if ascend_attention not in ASCEND_ATTENTION:
             raise ValueError(f"ascend_attention must be one of {ASCEND_ATTENTION}, got {ascend_attention!r}")
+        self.is_mla = ascend_attention in MLA_ATTENTION
+        if self.is_mla and vendor != "ascend":
+            raise ValueError(f"the MLA variants are Ascend attention kernels, not {vendor!r} ones")
         self.vendor = vendor
         self.ascend_attention = ascend_attention
         self.config = c = config or TinyConfig()
         self.kv_layout = kv_cache_layout(vendor)
+        self.scale = c.mla_scale if self.is_mla else c.scale
         g = torch.Generator().manual_seed(c.seed)
         self.embed_tokens = nn.Parameter(torch.randn(c.vocab_size, c.hidden_size, generator=g), requires_grad=False)
-        self.layers = nn.ModuleList(_Layer(c, g) for _ in range(c.num_layers))
+        layer_cls = _MLALayer if self.is_mla else _Layer
+        self.layers = nn.ModuleList(layer_cls(c, g) for _ in range(c.num_layers))
         self.norm = nn.Parameter(1.0 + 0.1 * torch.randn(c.hidden_size, generator=g), requires_grad=False)
         self.lm_head = nn.Parameter(torch.randn(c.vocab_size, c.hidden_size, generator=g) / math.sqrt(c.hidden_size),
                                     requires_grad=False)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        rope_dim = c.qk_rope_head_dim if self.is_mla else c.head_dim
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # float64, like the other math
         for param in self.parameters():
             param.data = param.data.to(c.dtype)
@@ -212,8 +284,9 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, past_key_values: Sequence[Sequence[Tensor]],
                 attn_metadata, inputs_embeds: Tensor | None = None, **kwargs) -> Tensor:
-        """One decode step: hidden states ``(1, T, hidden)`` for ``T`` query tokens."""
-        if not attn_metadata.is_decoding:
+        """One decode step: hidden states ``(1, T, hidden)`` for ``T`` query tokens (one per sequence,
+        or ``query_len`` per sequence in a multi-token decode step)."""
+        if not (attn_metadata.is_decoding or getattr(attn_metadata, "is_multi_token_decoding", False)):
             raise NotImplementedError("TinyDecoder.forward runs decode steps; prefill with vendor_graph.testing."
                                       "tiny_model.prefill")
 
@@ -236,7 +309,14 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         """Dense causal forward over one whole sequence, no cache: final hidden states ``(L, hidden)``."""
         ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.embed_tokens.device)
         pos = torch.arange(ids.shape[1], device=ids.device)
-        return self._run(self._embed(ids, None), pos, lambda i, q, k, v: causal_attention(q, k, v, self.config.scale))
+        return self._run(self._embed(ids, None), pos, lambda i, q, k, v: causal_attention(q, k, v, self.scale))
+
+    def kv_cache_dims(self) -> tuple[int, int, int]:
+        """``(kv_heads, k_head_dim, v_head_dim)`` of this model's KV cache (they differ for MLA)."""
+        c = self.config
+        if self.is_mla:
+            return 1, c.mla_key_dim, c.kv_lora_rank
+        return c.num_kv_heads, c.head_dim, c.head_dim
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -246,7 +326,7 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         return torch.nn.functional.embedding(input_ids.reshape(-1), self.embed_tokens)
 
     def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        half = self.config.head_dim // 2
+        half = x.shape[-1] // 2
         angles = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(torch.float64)  # (T, D/2)
         cos, sin = torch.cos(angles).unsqueeze(1), torch.sin(angles).unsqueeze(1)
         xd = x.to(torch.float64)
@@ -258,15 +338,28 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         t = x.shape[0]
         for i, layer in enumerate(self.layers):
             a = _rms_norm(x, layer.input_norm, c.rms_eps)
-            q = self._rope(_linear(a, layer.q_proj).view(t, c.num_heads, c.head_dim), positions)
-            k = self._rope(_linear(a, layer.k_proj).view(t, c.num_kv_heads, c.head_dim), positions)
-            v = _linear(a, layer.v_proj).view(t, c.num_kv_heads, c.head_dim)
+            q, k, v = self._qkv(layer, a, positions)
             o = attend(i, q, k, v)
-            x = x + _linear(o.reshape(t, c.num_heads * c.head_dim), layer.o_proj)
+            x = x + _linear(o.reshape(t, -1), layer.o_proj)
             m = _rms_norm(x, layer.post_norm, c.rms_eps)
             x = x + _linear(torch.nn.functional.silu(_linear(m, layer.gate_proj)) * _linear(m, layer.up_proj),
                             layer.down_proj)
         return _rms_norm(x, self.norm, c.rms_eps)
+
+    def _qkv(self, layer: nn.Module, a: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Query ``(T, N, Dk)``, key ``(T, KVH, Dk)`` and value ``(T, KVH, Dv)`` of one layer."""
+        c = self.config
+        t = a.shape[0]
+        if not self.is_mla:
+            q = self._rope(_linear(a, layer.q_proj).view(t, c.num_heads, c.head_dim), positions)
+            k = self._rope(_linear(a, layer.k_proj).view(t, c.num_kv_heads, c.head_dim), positions)
+            v = _linear(a, layer.v_proj).view(t, c.num_kv_heads, c.head_dim)
+            return q, k, v
+        q_nope = _linear(a, layer.q_nope_proj).view(t, c.num_heads, c.kv_lora_rank)
+        q_rope = self._rope(_linear(a, layer.q_rope_proj).view(t, c.num_heads, c.qk_rope_head_dim), positions)
+        latent = _rms_norm(_linear(a, layer.kv_a_proj), layer.kv_norm, c.rms_eps).view(t, 1, c.kv_lora_rank)
+        k_rope = self._rope(_linear(a, layer.k_rope_proj).view(t, 1, c.qk_rope_head_dim), positions)
+        return torch.cat((q_nope, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent
 
     def _decode_attention(self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Sequence[Tensor], meta) -> Tensor:
         c = self.config
@@ -290,28 +383,57 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         # re-issued task (task-update path) writes where the graph's later tasks read.
         c = self.config
         q_ends, kv_host = ascend_host_seqlens(meta)
+        multi_token = bool(getattr(meta, "is_multi_token_decoding", False))
+        if multi_token and self.ascend_attention not in MULTI_TOKEN_ATTENTION:
+            raise NotImplementedError(f"ascend_attention={self.ascend_attention!r} decodes one token per sequence; "
+                                      f"multi-token decode runs on {MULTI_TOKEN_ATTENTION}")
         if self.ascend_attention == "paged_attention":
             out = q.new_empty(q.shape)
             call_attention(torch.ops.atb._npu_paged_attention.default, q, k_cache, v_cache, c.num_kv_heads,
                            c.num_heads, c.scale, meta.block_offsets, kv_host, out)
             return out
+        if self.is_mla:
+            return self._ascend_mla(q, k_cache, meta, kv_host)
         nb, bs = k_cache.shape[:2]
         kc, vc = k_cache.view(nb, bs, -1), v_cache.view(nb, bs, -1)
         out = q.new_empty(q.shape)
         lse = q.new_empty((1,), dtype=torch.float32)
+        # Multi-token decode: lmdeploy's fixed causal-mask template and FIA's causal sparse mode 3 (each
+        # query row sees the KV up to its own position); single-token decode: no mask.
+        mask = meta.attention_mask[0] if multi_token else None
+        sparse_mode = 3 if multi_token else 0
         if self.ascend_attention == "fia_v2":
             call_attention(
                 torch.ops.npu.npu_fused_infer_attention_score_v2.out,
-                q, kc, vc, actual_seq_qlen=q_ends.tolist(), actual_seq_kvlen=kv_host.tolist(),
+                q, kc, vc, atten_mask=mask, actual_seq_qlen=q_ends.tolist(), actual_seq_kvlen=kv_host.tolist(),
                 block_table=meta.block_offsets, num_query_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-                softmax_scale=c.scale, input_layout="TND", sparse_mode=0, block_size=bs,
+                softmax_scale=c.scale, input_layout="TND", sparse_mode=sparse_mode, block_size=bs,
                 attention_out=out, softmax_lse=lse)
             return out
         call_attention(
             torch.ops.npu.npu_fused_infer_attention_score.out,
-            q, kc, vc, atten_mask=None, actual_seq_lengths=q_ends.tolist(), actual_seq_lengths_kv=kv_host.tolist(),
+            q, kc, vc, atten_mask=mask, actual_seq_lengths=q_ends.tolist(), actual_seq_lengths_kv=kv_host.tolist(),
             block_table=meta.block_offsets, num_heads=c.num_heads, scale=c.scale, input_layout="TND",
-            num_key_value_heads=c.num_kv_heads, sparse_mode=0, block_size=bs, attention_out=out, softmax_lse=lse)
+            num_key_value_heads=c.num_kv_heads, sparse_mode=sparse_mode, block_size=bs, attention_out=out,
+            softmax_lse=lse)
+        return out
+
+    def _ascend_mla(self, q: Tensor, k_cache: Tensor, meta, kv_host: Tensor) -> Tensor:
+        """MLA decode over the key cache ``[latent | rope]`` (the value is its latent part)."""
+        c = self.config
+        rank = c.kv_lora_rank
+        out = q.new_empty((q.shape[0], c.num_heads, rank))
+        if self.ascend_attention == "paged_attention_mla":
+            # The host tensor as positional context_lens (index 6); NPUGraph.update never reaches this op.
+            call_attention(torch.ops.atb._npu_paged_attention_mla.default, q, k_cache, 1, c.num_heads, self.scale,
+                           meta.block_offsets, kv_host, rank, out)
+            return out
+        # ctkv and k_rope: the two parts of the key cache, views into it (cache_mode "krope_ctkv": ND caches);
+        # the host list context_lens positional at index 5.
+        q_nope, q_rope = q[..., :rank].contiguous(), q[..., rank:].contiguous()
+        call_attention(torch.ops.npu.npu_multi_head_latent_attention.out, q_nope, q_rope, k_cache[..., :rank],
+                       k_cache[..., rank:], meta.block_offsets, kv_host.tolist(), c.num_heads, self.scale, 1,
+                       cache_mode="krope_ctkv", attn_out=out)
         return out
 
 
@@ -369,7 +491,7 @@ def prefill(model: TinyDecoder, kv_caches: Sequence[Sequence[Tensor]], block_tab
 
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor, slots: Tensor = slots) -> Tensor:
             kernels.fill_kv_cache(k, v, kv_caches[i][0], kv_caches[i][1], slots, model.kv_layout)
-            return causal_attention(q, k, v, c.scale)
+            return causal_attention(q, k, v, model.scale)
 
         ids = torch.tensor(list(prompt), dtype=torch.int64, device=device)
         pos = torch.arange(len(prompt), device=device)
@@ -441,10 +563,23 @@ def lmdeploy_builds_metadata(vendor: str) -> bool:
     return "max_q_seq_len" in fields and (vendor != "camb" or "cu_seq_lens_kv" in fields)
 
 
+def _query_tokens(input_ids: Sequence, query_len: int) -> list[list[int]]:
+    """Each sequence's query tokens: ``input_ids[b]`` is one int (``query_len`` 1) or ``query_len`` ints."""
+    rows = []
+    for entry in input_ids:
+        row = [int(entry)] if isinstance(entry, int) or (isinstance(entry, Tensor) and entry.dim() == 0) else [
+            int(t) for t in entry]
+        if len(row) != query_len:
+            raise ValueError(f"every sequence feeds query_len={query_len} tokens, got {row}")
+        rows.append(row)
+    return rows
+
+
 def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], block_tables: Sequence[Sequence[int]],
-                         kv_seqlens: Sequence[int], input_ids: Sequence[int], *,
+                         kv_seqlens: Sequence[int], input_ids: Sequence, *,
                          device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                         use_lmdeploy: bool | None = None, table_width: int | None = None) -> SimpleNamespace:
+                         use_lmdeploy: bool | None = None, table_width: int | None = None,
+                         query_len: int = 1) -> SimpleNamespace:
     """A decode step's ``StepContext`` stand-in with ``attn_metadata``, as lmdeploy builds it.
 
     ``kv_seqlens[b]`` counts the KV of sequence ``b`` including this step's token ``input_ids[b]``
@@ -455,29 +590,43 @@ def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], blo
     ``use_lmdeploy=False``) from :func:`cuda_style_decode_metadata`, which follows those backends'
     0.16/0.17 decode branch with the installed release's field names. A ``StepContextManager`` is
     installed if none is current (see :func:`lmdeploy_step_env` for a scoped one).
+
+    ``query_len`` > 1 (Ascend only): a multi-token decode step (speculative decoding) in which every
+    sequence feeds ``query_len`` tokens, ``input_ids[b]`` being that many ints at positions
+    ``kv_seqlens[b] - query_len .. kv_seqlens[b] - 1``. The context is what lmdeploy's engine gives
+    the target model then: still a decode step (``is_decoding``), ``q_seqlens`` all ``query_len``,
+    ``max_q_seqlen = query_len``, and the step manager's ``build_ctx.num_spec_tokens = query_len - 1``;
+    lmdeploy's Ascend backend then builds it on its multi-token branch.
     """
     _check_vendor(vendor)
+    if query_len < 1:
+        raise ValueError(f"query_len must be >= 1, got {query_len}")
+    if query_len > 1 and vendor != "ascend":
+        raise ValueError(f"multi-token decode is modelled for Ascend only, not {vendor!r}")
     if not (len(block_tables) == len(kv_seqlens) == len(input_ids)):
         raise ValueError("block_tables, kv_seqlens and input_ids need one entry per sequence")
+    tokens = _query_tokens(input_ids, query_len)
     device = torch.device(device) if device is not None else kv_caches[0][0].device
     block_size = kv_caches[0][0].shape[2 if kv_cache_layout(vendor) == "bhsd" else 1]
     need = [max(1, -(-int(n) // block_size)) for n in kv_seqlens]
     for table, n, blocks in zip(block_tables, kv_seqlens, need, strict=True):
-        if n < 1 or len(table) < blocks:
+        if n < query_len or len(table) < blocks:
             raise ValueError(f"block table {list(table)} does not cover a KV length of {n}")
     width = table_width or max(need)
     rows = [list(t[:width]) + [0] * (width - min(len(t), width)) for t in block_tables]
     kv = torch.tensor([int(n) for n in kv_seqlens], dtype=torch.int64)
     batch = len(kv_seqlens)
+    positions = (kv.view(-1, 1) - query_len + torch.arange(query_len).view(1, -1)).view(1, -1)
     ctx = SimpleNamespace(
         kv_caches=[list(pair) for pair in kv_caches], is_decoding=True,
         block_offsets=torch.tensor(rows, dtype=torch.int64).to(device), kv_seqlens=kv.to(device),
-        q_seqlens=torch.ones(batch, dtype=torch.int64).to(device), q_start_loc=torch.arange(batch).to(device),
-        input_ids=torch.tensor([list(input_ids)], dtype=torch.int64).to(device),
-        position_ids=(kv - 1).view(1, -1).to(device),
+        q_seqlens=torch.full((batch,), query_len, dtype=torch.int64).to(device),
+        q_start_loc=(torch.arange(batch) * query_len).to(device),
+        input_ids=torch.tensor([[t for row in tokens for t in row]], dtype=torch.int64).to(device),
+        position_ids=positions.to(device),
         model_config=SimpleNamespace(is_gated_delta=False, states_shapes=[], mla_index_topk=None, dtype=dtype),
-        kv_quant_policy=0, dp_meta=None, local_adapter_ids=None, max_q_seqlen=1, max_kv_seqlen=int(kv.max()),
-        sum_kv_seqlen=int(kv.sum()), moe_metadata=None, attn_metadata=None,
+        kv_quant_policy=0, dp_meta=None, local_adapter_ids=None, max_q_seqlen=query_len,
+        max_kv_seqlen=int(kv.max()), sum_kv_seqlen=int(kv.sum()), moe_metadata=None, attn_metadata=None,
     )
     ctx.global_is_decoding = lambda: True
     if use_lmdeploy is None:
@@ -486,7 +635,11 @@ def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], blo
         from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
 
         ensure_step_env(vendor)
-        get_step_ctx_manager().set_context(ctx)
+        mgr = get_step_ctx_manager()
+        # Fixed for an engine with speculative decoding (its draft length); lmdeploy's Ascend backend
+        # reads it when sizing MoE token capacity for graphs.
+        mgr.build_ctx.num_spec_tokens = query_len - 1
+        mgr.set_context(ctx)
         backend_class(vendor).update_step_context(ctx)
     elif vendor == "ascend":
         raise ValueError("Ascend decode metadata always comes from lmdeploy's AscendOpsBackend (use_lmdeploy=False "
@@ -537,6 +690,13 @@ def eager_step(model: TinyDecoder, ctx) -> Tensor:
 StepRunner = Callable[[TinyDecoder, SimpleNamespace], Tensor]
 
 
+def draft_tokens(sequence: Sequence[int], count: int, vocab_size: int) -> list[int]:
+    """The ``count`` draft tokens a multi-token step feeds after ``sequence``'s last token: a fixed
+    function of the sequence (a stand-in for a draft model; any deterministic choice serves parity)."""
+    last, n = int(sequence[-1]), len(sequence)
+    return [(last * 37 + (n + j) * 101) % (vocab_size - 1) + 1 for j in range(count)]
+
+
 class DecodeSession:
     """Greedy decoding of a few prompts through :class:`TinyDecoder`, one decode step at a time.
 
@@ -545,17 +705,26 @@ class DecodeSession:
     first greedy token. :meth:`step` decodes one token for the ``active`` sequences (default all) with
     metadata from :func:`build_decode_context`; ``run(model, ctx)`` replaces the eager forward (e.g.
     a graph runner) and may return rows padded beyond the batch.
+
+    ``query_len`` > 1 (Ascend): speculative decoding with every draft accepted. Each step feeds, per
+    active sequence, its last token plus ``query_len - 1`` draft tokens (:func:`draft_tokens`), then
+    appends the drafts and the model's greedy token after the last one; the KV cache always holds
+    every token but the last, as in single-token decode.
     """
 
     def __init__(self, model: TinyDecoder, prompts: Sequence[Sequence[int]], *,
                  device: torch.device | str | None = None, use_lmdeploy: bool | None = None,
-                 cache_fill: float = 0.0, seed: int = 0):
+                 cache_fill: float = 0.0, seed: int = 0, query_len: int = 1):
         c = model.config
+        if query_len < 1:
+            raise ValueError(f"query_len must be >= 1, got {query_len}")
         self.model = model
         self.vendor = model.vendor
         self.use_lmdeploy = use_lmdeploy
+        self.query_len = query_len
         self.device = torch.device(device) if device is not None else model.embed_tokens.device
-        self.kv_caches = allocate_kv_caches(c, self.vendor, self.device, fill=cache_fill)
+        self.kv_caches = allocate_kv_caches(c, self.vendor, self.device, fill=cache_fill,
+                                            mla=getattr(model, "is_mla", False))
         self.allocator = BlockAllocator(c.num_blocks, c.block_size, seed=seed)
         self.block_tables: list[list[int]] = [self.allocator.ensure([], len(p)) for p in prompts]
         self.tokens = [list(p) for p in prompts]
@@ -563,33 +732,52 @@ class DecodeSession:
         for seq, tok in zip(self.tokens, model.get_logits(hidden).argmax(-1).tolist(), strict=True):
             seq.append(int(tok))
 
+    def query_tokens(self, seq: int) -> list[int]:
+        """What sequence ``seq`` feeds in its next step: its last token, then the drafts."""
+        tokens = self.tokens[seq]
+        return [tokens[-1], *draft_tokens(tokens, self.query_len - 1, self.model.config.vocab_size)]
+
     def decode_context(self, active: Sequence[int] | None = None, table_width: int | None = None) -> SimpleNamespace:
-        """The step context for feeding each active sequence's last token."""
+        """The step context for feeding each active sequence's last token (plus its drafts)."""
         active = list(range(len(self.tokens))) if active is None else list(active)
+        q = self.query_len
         for i in active:
-            if len(self.tokens[i]) > self.model.config.max_seq_len:
+            if len(self.tokens[i]) - 1 + q > self.model.config.max_seq_len:
                 raise RuntimeError(f"sequence {i} reached max_seq_len {self.model.config.max_seq_len}")
-            self.allocator.ensure(self.block_tables[i], len(self.tokens[i]))
+            self.allocator.ensure(self.block_tables[i], len(self.tokens[i]) - 1 + q)
+        ids = [self.query_tokens(i) for i in active] if q > 1 else [self.tokens[i][-1] for i in active]
         return build_decode_context(
             self.vendor, self.kv_caches, [self.block_tables[i] for i in active],
-            [len(self.tokens[i]) for i in active], [self.tokens[i][-1] for i in active],
+            [len(self.tokens[i]) - 1 + q for i in active], ids,
             device=self.device, dtype=self.model.config.dtype, use_lmdeploy=self.use_lmdeploy,
-            table_width=table_width)
+            table_width=table_width, query_len=q)
 
-    def step(self, active: Sequence[int] | None = None, run: StepRunner | None = None) -> list[int]:
-        """Decode one greedy token for each active sequence; returns them (also appended to ``tokens``)."""
+    def step(self, active: Sequence[int] | None = None, run: StepRunner | None = None) -> list:
+        """Decode one greedy token for each active sequence; returns them (also appended to ``tokens``).
+
+        With ``query_len`` > 1: returns each sequence's ``query_len`` greedy predictions (one per fed
+        token) and appends the drafts plus the last prediction."""
         active = list(range(len(self.tokens))) if active is None else list(active)
+        q = self.query_len
         ctx = self.decode_context(active)
+        fed = [self.query_tokens(i) for i in active] if q > 1 else None
         hidden = (run or eager_step)(self.model, ctx)
-        logits = self.model.get_logits(hidden.reshape(-1, self.model.config.hidden_size)[: len(active)])
+        logits = self.model.get_logits(hidden.reshape(-1, self.model.config.hidden_size)[: len(active) * q])
         chosen = [int(t) for t in logits.argmax(-1).tolist()]
-        for i, tok in zip(active, chosen, strict=True):
-            self.tokens[i].append(tok)
-        return chosen
+        if q == 1:
+            for i, tok in zip(active, chosen, strict=True):
+                self.tokens[i].append(tok)
+            return chosen
+        per_seq = [chosen[b * q:(b + 1) * q] for b in range(len(active))]
+        for i, tokens, predicted in zip(active, fed, per_seq, strict=True):
+            self.tokens[i].extend(tokens[1:] + predicted[-1:])
+        return per_seq
 
 
 __all__ = [
     "ASCEND_ATTENTION",
+    "MLA_ATTENTION",
+    "MULTI_TOKEN_ATTENTION",
     "VENDORS",
     "BlockAllocator",
     "DecodeSession",
@@ -600,6 +788,7 @@ __all__ = [
     "build_decode_context",
     "causal_attention",
     "cuda_style_decode_metadata",
+    "draft_tokens",
     "eager_step",
     "ensure_step_env",
     "forward_kwargs",
