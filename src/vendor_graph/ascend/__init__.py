@@ -13,6 +13,7 @@ Vendor attention code registers its captured tasks through :func:`call_attention
 from __future__ import annotations
 
 from .. import buckets, patching
+from ..npu import dlinfer_adapter
 from ..npu.hook import call_attention, capturing
 from ..npu.seqlen import seqlen_update_path
 from ..specs.ascend import ascend_spec
@@ -48,11 +49,17 @@ def _route_moe_padding(activation: patching.Activation) -> None:
     patching.when_imported(DLINFER_ASCEND_RUNNER_MODULE, patch)
 
 
+def _setup(activation: patching.Activation) -> None:
+    _route_moe_padding(activation)
+    # dlinfer's Ascend decode attention registers its captured tasks with our runner.
+    dlinfer_adapter.install(activation)
+
+
 PROFILE = VendorProfile(
     name="ascend",
     build_spec=ascend_spec,
     build_runner=_build_runner,
-    extra_setup=_route_moe_padding,
+    extra_setup=_setup,
 )
 
 

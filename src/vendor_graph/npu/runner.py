@@ -19,7 +19,7 @@ import torch
 from .. import buckets, patching
 from ..key import GraphKey
 from ..stats import GraphStats
-from . import hook
+from . import hook, limits
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
 
 logger = logging.getLogger("vendor_graph")
@@ -73,6 +73,14 @@ class AscendGraphRunner(GraphRunner):
         self.capture_sizes = buckets.capture_sizes(
             "ascend", cache_config.max_batches, getattr(cache_config, "cudagraph_capture_batch_sizes", None))
         self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
+        # Each attention task of each graph holds an ExternalEvent: keep the sizes that fit (ACL 207008).
+        budget = limits.fit_capture_sizes(getattr(model_config, "num_layers", 0) or 0, self.capture_sizes)
+        if budget.message is not None and not backend_config.eager_mode:
+            logger.warning("%s", budget.message)
+        if budget.kept:
+            self.capture_sizes = budget.kept
+        else:
+            self.enable_graph = _false
         self._graphs: dict[GraphKey, AscendSingleGraph] = {}
         self._eager_reasons: dict[GraphKey, str] = {}
         self._npu: Any = None
@@ -214,7 +222,8 @@ class AscendGraphRunner(GraphRunner):
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
         except Exception as exc:
             # Capture executes nothing, so this step's result is the warmup's; the key stays eager.
-            self._eager_reasons[key] = f"capture failed: {type(exc).__name__}: {exc}"
+            hint = limits.explain_capture_error(exc)
+            self._eager_reasons[key] = f"capture failed: {type(exc).__name__}: {exc}" + (f"; {hint}" if hint else "")
             logger.exception("vendor_graph.ascend: capturing %s failed; it runs eager from now on", key)
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
         graph.capture_seconds = time.perf_counter() - start
