@@ -154,3 +154,17 @@ def test_warmup_captures_every_size_largest_first_into_one_pool(graph_backend):
             pair.step(list(range(size)))
         assert pair.runner.stats.replays == 3 and len(pair.runner.graphs()) == len(sizes)
     assert not pair.mismatches
+
+
+def test_capture_sizes_beyond_the_event_budget_are_dropped_smallest_first(graph_backend, monkeypatch, caplog):
+    """2 attention layers hold 2 ExternalEvents per graph: a budget of 4 keeps the two largest sizes;
+    smaller batches pad up into them, none runs eager, and the warning names what was dropped."""
+    monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "4")
+    with caplog.at_level(logging.WARNING, logger="vendor_graph"), ascend_pair("G5", num_seqs=6) as pair:
+        assert pair.runner.get_capture_batch_sizes() == [4, 6]
+        for active in ([0], [0, 1, 2], [0, 1, 2, 3, 4], [1]):
+            pair.step(active)
+        assert sorted(k.padded_batch for k in pair.runner.graphs()) == [4, 6]
+        assert not pair.runner.stats.eager_steps
+    assert not pair.mismatches
+    assert "Dropped capture sizes [1, 2]; kept [4, 6]" in caplog.text

@@ -55,7 +55,7 @@ def lmdeploy_configs(vendor: str, model: tm.TinyDecoder, max_batches: int, captu
     model_config = SimpleNamespace(
         vocab_size=c.vocab_size, model_paradigm="ar_spec" if query_len > 1 else "ar", use_flash_mla=False,
         use_mla_fp8_cache=False, mla_index_topk=None, states_shapes=[], use_mrope=False, block_size=c.block_size,
-        k_head_dim=k_head_dim, v_head_dim=v_head_dim, dtype=c.dtype)
+        k_head_dim=k_head_dim, v_head_dim=v_head_dim, dtype=c.dtype, num_layers=c.num_layers)
     cache_config = SimpleNamespace(max_batches=max_batches, num_gpu_blocks=c.max_blocks_per_seq,
                                    cudagraph_capture_batch_sizes=capture_sizes, block_size=c.block_size,
                                    max_prefill_token_num=4096)
