@@ -136,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         paths = sorted({p for g in runner.graphs().values() for p in g.paths})
         print(f"seq-len update path: {', '.join(paths) or '-'}; updates issued: {pair.counters['updates']}")
     else:
-        single = getattr(runner, "_full_graph_runners", None) or runner._runner_map
+        single = compat.cuda_runner_graphs(runner)
         print(f"\ngraphs captured by lmdeploy's CUDA runner: batches {sorted(k[0] for k in single)}")
     print(f"\n{seconds:.1f} s on the simulator: CPU emulation, not a device speed")
     return 0 if not pair.mismatches else 1

@@ -153,6 +153,14 @@ def cuda_single_graph_runner_class() -> type:
     raise ImportError("CUDASingleGraphRunner not found in lmdeploy.pytorch.backends.cuda.graph_runner")
 
 
+def cuda_runner_graphs(runner) -> dict:
+    """A ``CUDAGraphRunner``'s map of graph key tuple -> ``CUDASingleGraphRunner`` (``_runner_map`` up to
+    0.17, renamed ``_full_graph_runners`` in 0.18)."""
+    if hasattr(runner, "_full_graph_runners"):
+        return runner._full_graph_runners
+    return runner._runner_map
+
+
 def current_step_context():
     from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
 

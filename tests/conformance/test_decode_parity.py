@@ -74,5 +74,5 @@ def test_camb_maca_on_lmdeploys_cuda_runner_match_eager(graph_backend, vendor):
         assert not pair.mismatches, pair.mismatches[:5]
         plan = schedule(NUM_SEQS, STEPS, seed)
         sizes = pair.runner.get_capture_batch_sizes()
-        runners = getattr(pair.runner, "_runner_map", None) or pair.runner._full_graph_runners
+        runners = compat.cuda_runner_graphs(pair.runner)
         assert {k[0] for k in runners} == {buckets.pad_to_bucket(sizes, len(a)) for a in plan}

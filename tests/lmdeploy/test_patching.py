@@ -282,3 +282,11 @@ def test_compat_finds_the_moved_runner_classes():
     api = compat.lmdeploy_api()
     assert api.max_q_attr == ("max_q_seqlen" if RELEASE >= "0.18" else "max_q_seq_len")
     assert api.separate_host_seqlens == (RELEASE >= "0.18")
+
+
+def test_cuda_runner_graphs_reads_the_map_of_either_release_even_when_empty():
+    from types import SimpleNamespace
+
+    old, new = SimpleNamespace(_runner_map={}), SimpleNamespace(_full_graph_runners={})
+    assert compat.cuda_runner_graphs(old) is old._runner_map
+    assert compat.cuda_runner_graphs(new) is new._full_graph_runners  # an empty 0.18 map is not "missing"

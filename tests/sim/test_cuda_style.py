@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vendor_graph import compat
 from vendor_graph.testing import sim
 
 NAMES = ("CUDAGraph", "graph", "graph_pool_handle", "current_stream", "Stream", "stream", "synchronize",
@@ -109,8 +110,7 @@ def test_lmdeploys_cuda_graph_runners_capture_and_replay_on_the_sim(tiny_model):
             expected = tiny_model(**inputs)
             got = runner(**inputs)["hidden_states"]
             torch.testing.assert_close(got.cpu(), expected.cpu())
-        # lmdeploy 0.18 renamed _runner_map to _full_graph_runners
-        single_runners = getattr(runner, "_full_graph_runners", None) or runner._runner_map
+        single_runners = compat.cuda_runner_graphs(runner)
         keys = sorted(key[0] for key in single_runners)
         assert keys == [2, 4, 8]
         graphs = [r._graph.sim_graph for r in single_runners.values()]

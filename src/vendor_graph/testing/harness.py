@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .. import compat
 from . import tiny_model as tm
 
 
@@ -117,7 +118,7 @@ class SideBySide:
         if hasattr(self.runner, "graphs"):  # vendor_graph's AscendGraphRunner
             graphs = {k.padded_batch: g.meta for k, g in self.runner.graphs().items()}
         else:  # lmdeploy's CUDAGraphRunner (the map was renamed in 0.18)
-            single = getattr(self.runner, "_full_graph_runners", None) or self.runner._runner_map
+            single = compat.cuda_runner_graphs(self.runner)
             graphs = {k[0]: r.meta for k, r in single.items()}
         return graphs.get(padded)
 
