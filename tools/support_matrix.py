@@ -1,0 +1,173 @@
+"""README's support matrix (lmdeploy x dlinfer x torch_npu x CANN x torch), generated from the facts the
+code holds, and how each cell was verified.
+
+Sources, one each: the lmdeploy series and refusals are ``vendor_graph.compat.SUPPORTED_SERIES`` /
+``KNOWN_BREAKAGES``; torch_npu generations and seq-len paths are ``vendor_graph.ascend_versions`` and
+``vendor_graph.npu.seqlen``; the minimum torch is ``[tool.vendor_graph] min-torch`` in pyproject.toml.
+This file holds the rest: the (CANN, torch_npu, torch) pairs (also the matrix of
+``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal) and the upstream dlinfer
+breakage. ``python tools/support_matrix.py`` prints the block README carries between its markers;
+``--write`` rewrites it there.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BEGIN = "<!-- BEGIN support-matrix (generated: python tools/support_matrix.py --write) -->"
+END = "<!-- END support-matrix -->"
+
+
+class Pair(NamedTuple):
+    torch_npu: str
+    cann: str
+    torch: str
+    cann_source: str  # "torch_npu table" (Ascend/pytorch README, "Ascend Auxiliary Software") or "assumed"
+
+
+# One per generation, plus the torch 2.1 line. CANN for G0..G3a: torch_npu's own compatibility table,
+# which stops at CANN 8.5.0; later trains' CANN is an assumption to confirm before the first hardware run.
+PAIRS: tuple[Pair, ...] = (
+    Pair("2.4.0", "8.0.RC3", "2.4.0", "torch_npu table"),
+    Pair("2.1.0.post10", "8.0.0", "2.1.0", "torch_npu table"),
+    Pair("2.1.0.post12", "8.1.RC1", "2.1.0", "torch_npu table"),
+    Pair("2.5.1", "8.1.RC1", "2.5.1", "torch_npu table"),
+    Pair("2.1.0.post13", "8.2.RC1", "2.1.0", "torch_npu table"),
+    Pair("2.6.0", "8.2.RC1", "2.6.0", "torch_npu table"),
+    Pair("2.8.0", "8.3.RC1", "2.8.0", "torch_npu table"),
+    Pair("2.6.0.post3", "8.3.RC1", "2.6.0", "torch_npu table"),
+    Pair("2.8.0.post2", "8.5.0", "2.8.0", "torch_npu table"),
+    Pair("2.9.0", "8.5.0", "2.9.0", "torch_npu table"),
+    Pair("2.9.0.post2", "9.0.0", "2.9.0", "assumed"),
+    Pair("2.9.0.post8", "9.0.0", "2.9.0", "assumed"),
+    Pair("2.9.0.post9", "9.0.0", "2.9.0", "assumed"),
+)
+
+DLINFER = {
+    "ascend": "dlinfer-ascend 0.2.7 (PyPI, aarch64 only) or 0.2.8 (GitHub)",
+    "camb": "dlinfer-camb (vendor channel; not on PyPI)",
+    "maca": "dlinfer-maca (vendor channel; not on PyPI)",
+}
+# Upstream breakage: (vendor, first lmdeploy series) -> what no published dlinfer provides.
+DLINFER_BREAKAGES = {
+    ("ascend", "0.17"): ("lmdeploy's Ascend `init()` imports `dlinfer.vendor.ascend.version`, which no published "
+                         "dlinfer provides (0.2.7 on PyPI, 0.2.8 on GitHub): the engine cannot start on an NPU"),
+}
+SIMULATED = "CI here: lmdeploy's real classes, stand-in dlinfer, CPU simulator"
+NEVER = "hardware: never run"
+
+
+def _series_key(series: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in series.split("."))
+
+
+def min_torch() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    section = re.search(r"^\[tool\.vendor_graph\]\n(.*?)(?=^\[)", text, re.M | re.S)
+    found = re.search(r'^min-torch\s*=\s*"([^"]+)"', section.group(1) if section else "", re.M)
+    if not found:
+        raise SystemExit("pyproject.toml lacks [tool.vendor_graph] min-torch")
+    return found.group(1)
+
+
+def ci_torch() -> str:
+    """The torch scripts/setup-env.sh installs for the main CI legs."""
+    found = re.search(r"installed torch (\S+) \|\|", (ROOT / "scripts" / "setup-env.sh").read_text())
+    if not found:
+        raise SystemExit("scripts/setup-env.sh no longer pins torch as `installed torch X || ...`")
+    return found.group(1)
+
+
+def _first_clause(text: str) -> str:
+    return text.split(" (")[0].split(", which")[0]
+
+
+def lmdeploy_rows() -> list[str]:
+    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+
+    vendors = ("ascend", "camb", "maca")
+    series = sorted({s for v in vendors for s in SUPPORTED_SERIES[v]} | {s for (_, s) in KNOWN_BREAKAGES},
+                    key=_series_key)
+    rows = ["| lmdeploy | vendor | dlinfer | vendor_graph | verified |", "|---|---|---|---|---|"]
+    for s in series:
+        for vendor in vendors:
+            if s in SUPPORTED_SERIES[vendor]:
+                status = "supported"
+                verified = f"{SIMULATED} ({s}.0); {NEVER}"
+                dlinfer = DLINFER[vendor]
+                broken = [why for (v, since), why in DLINFER_BREAKAGES.items()
+                          if v == vendor and _series_key(s) >= _series_key(since)]
+                if broken:
+                    dlinfer = f"**none published works**: {broken[0]}"
+                    verified = f"{SIMULATED} ({s}.0); hardware: blocked upstream, never run"
+            elif (vendor, s) in KNOWN_BREAKAGES:
+                status = f"**refused**: {_first_clause(KNOWN_BREAKAGES[(vendor, s)])}"
+                verified = f"CI here: the refusal ({s}.0)"
+                dlinfer = DLINFER[vendor]
+            else:
+                continue
+            rows.append(f"| {s}.x | {vendor} | {dlinfer} | {status} | {verified} |")
+    return rows
+
+
+def torch_npu_rows() -> list[str]:
+    from vendor_graph.ascend_versions import GENERATION_FACTS, generation_of
+    from vendor_graph.npu.seqlen import FIA, path_for
+
+    rows = ["| torch_npu | generation | CANN | torch | FIA `.default` seq-len path | verified |",
+            "|---|---|---|---|---|---|"]
+    for pair in PAIRS:
+        generation = generation_of(pair.torch_npu)
+        cann = pair.cann if pair.cann_source != "assumed" else f"{pair.cann} (assumed)"
+        path = path_for(GENERATION_FACTS[generation], FIA)
+        rows.append(f"| {pair.torch_npu} | {generation} | {cann} | {pair.torch} | {path} | CI here: API contract "
+                    f"against the wheel's manifest, simulated {generation}; {NEVER} |")
+    return rows
+
+
+def torch_rows() -> list[str]:
+    return [
+        "| torch | what runs | verified |",
+        "|---|---|---|",
+        f"| {min_torch()} (declared minimum) | runtime modules' unit and lmdeploy-class tests with lmdeploy 0.16.0 "
+        f"(not the simulator, which needs a current torch) | CI here: oldest-torch leg |",
+        f"| {ci_torch()} (CPU) | everything, simulator included, lmdeploy 0.16.0 / 0.17.0 / 0.18.0 | CI here |",
+        "| the torch each torch_npu above pins | the pairs above | never run |",
+        "| torch_mlu's / MACA's torch builds | Camb, MACA | never run |",
+    ]
+
+
+def render() -> str:
+    return "\n".join([
+        BEGIN,
+        *lmdeploy_rows(),
+        "",
+        *torch_npu_rows(),
+        "",
+        *torch_rows(),
+        END,
+    ])
+
+
+def write(readme: Path = README) -> bool:
+    text = readme.read_text()
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{readme} has no support-matrix markers")
+    new = pattern.sub(lambda _: render(), text)
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "src"))
+    if "--write" in sys.argv[1:]:
+        print("README.md " + ("updated" if write() else "unchanged"))
+    else:
+        print(render())
