@@ -19,13 +19,26 @@ Fill rules (each one a classic graph-mode failure when broken):
   never carries a stale ``kv_start_indices`` (which would write a live sequence's KV slot);
 * a field whose source appears or disappears after capture is an error, not a silent stale read.
 
-Cost per step: one copy per sourced field, plus one fill per field whose live extent shrank; static
-fields cost nothing. High-water marks make the resets exact without touching untouched padding.
+Cost per step: one device operation for :meth:`BufferSpec.fill` and one for
+:meth:`BufferSpec.bind_context` (none where a call has no device field to write): a single
+``torch._foreach_copy_`` carries every live copy *and* every padding reset of that call, the resets
+copying from a one-element pad tensor expanded to the stale box. Host-placed fields are written by one
+host ``_foreach_copy_`` (no device work while their sources are on the host, as lmdeploy's are). Static
+fields cost nothing. High-water marks (the extent the previous fill wrote) make the resets exact
+without touching untouched padding; the views for each (extent, high water) pair are built once and
+reused. A source on the host bound for a device buffer (a list, a CPU tensor) is a transfer of its
+own: staged through pinned memory and copied without blocking where the platform has pinned memory
+(:func:`pinned_staging_available`); copied from pageable memory, blocking, where it does not (the
+simulator and CPU-only torch). A torch build without a
+``_foreach_copy_`` kernel for the device gets one copy per buffer instead (logged once).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import logging
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +84,10 @@ class GraphInputsChanged(ValueError):
     """A step's inputs do not match what its graph was captured with; replaying would be wrong."""
 
 
+# type -> whether it is a Mapping (an ABC check per source per step is a measurable part of a fill)
+_MAPPING_TYPES: dict[type, bool] = {dict: True}
+
+
 @dataclass(frozen=True)
 class Ref:
     """A place a tensor is read from or bound to: ``kwarg``, ``attn`` or ``context``, plus a dotted path."""
@@ -97,19 +114,55 @@ class Ref:
     def __str__(self) -> str:
         return f"{'attn_metadata' if self.kind == 'attn' else self.kind}.{self.path}"
 
+    @functools.cached_property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(self.path.split("."))
+
     def get(self, root: Any) -> Any:
         obj = root
-        for part in self.path.split("."):
+        for part in self.parts:
             if obj is None:
                 return None
-            obj = obj.get(part) if isinstance(obj, Mapping) else getattr(obj, part, None)
+            obj = obj.get(part) if type(obj) is dict or isinstance(obj, Mapping) else getattr(obj, part, None)
         return obj
 
+    @functools.cached_property
+    def getter(self) -> Callable[[Any], Any]:
+        """``get`` compiled for this path (the per-step fill reads every source through it)."""
+        if len(self.parts) > 1:
+            return self.get
+        last = self.parts[0]
+
+        def get_one(root: Any) -> Any:
+            if root is None:
+                return None
+            mapping = _MAPPING_TYPES.get(type(root))
+            if mapping is None:
+                mapping = _MAPPING_TYPES[type(root)] = isinstance(root, Mapping)
+            return root.get(last) if mapping else getattr(root, last, None)
+
+        return get_one
+
+    @functools.cached_property
+    def setter(self) -> Callable[[Any, Any], None]:
+        """``set`` compiled for this path (the per-step bind calls it for every target)."""
+        if len(self.parts) > 1:
+            return self.set
+        last = self.parts[0]
+
+        def set_one(root: Any, value: Any) -> None:
+            if isinstance(root, dict):
+                root[last] = value
+            else:
+                setattr(root, last, value)
+
+        return set_one
+
     def set(self, root: Any, value: Any) -> None:
-        *parents, last = self.path.split(".")
+        *parents, last = self.parts
         obj = root
         for part in parents:
-            obj = obj[part] if isinstance(obj, Mapping) else getattr(obj, part)
+            obj = obj[part] if type(obj) is dict or isinstance(obj, Mapping) else getattr(obj, part)
         if isinstance(obj, dict):
             obj[last] = value
         else:
@@ -124,7 +177,9 @@ class BufferField:
     BLOCKS and SOURCE. ``dtype=None`` takes the source's dtype at capture. A field without ``source`` is
     static: ``static`` computes its whole content once. ``static`` together with ``source`` makes a
     static field that exists only when the source does (the source is never copied).
-    ``required`` names why a missing source is an error at capture.
+    ``required`` names why a missing source is an error at capture. ``absent_is_padding``: a source
+    present at capture may be absent on a later step, meaning "all padding" (lmdeploy passes adapter ids
+    in its warm-up but None while no request uses an adapter); the buffer is then reset to ``pad``.
     """
 
     name: str
@@ -136,6 +191,7 @@ class BufferField:
     placement: Placement = Placement.DEVICE
     static: Callable[[GraphDims], list | torch.Tensor] | None = None
     required: Callable[[Any], str | None] | None = None
+    absent_is_padding: bool = False
 
     def __post_init__(self) -> None:
         rows = [d for d in self.shape if d in _ROW_DIMS]
@@ -178,7 +234,99 @@ class GraphDims:
 class _FieldState:
     tensor: torch.Tensor
     # The live extent written by the last fill, per dimension; everything beyond holds padding.
-    high_water: list[int] = field(default_factory=list)
+    high_water: tuple[int, ...] = ()
+    # (extent, high water) -> the writes of a fill with that extent after one with that high water:
+    # the live view, then (stale box, pad source) pairs. Built once per pair, reused every step.
+    plans: dict = field(default_factory=dict)
+    # One element holding the pad value (same dtype and device), expanded to each stale box.
+    pad_one: torch.Tensor | None = None
+    pad: int | float | bool = 0
+    on_host: bool = False
+    device: str = "cpu"  # the buffer's device type
+
+
+_MAX_PLANS = 256  # per field; a schedule touches a handful of extents per graph
+logger = logging.getLogger("vendor_graph")
+# device types whose torch build has no _foreach_copy_ kernel (found at the first fill): copied per pair
+_NO_FOREACH: set[str] = set()
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], device: str, non_blocking: bool = False) -> None:
+    """``torch._foreach_copy_``, or one ``copy_`` per pair where the ``device``'s torch lacks that kernel."""
+    if device not in _NO_FOREACH:
+        try:
+            torch._foreach_copy_(dsts, srcs, non_blocking=non_blocking)
+            return
+        except NotImplementedError as exc:
+            _NO_FOREACH.add(device)
+            logger.warning("vendor_graph: torch._foreach_copy_ is not implemented for %r (%s); graph buffer "
+                           "fills fall back to one copy per buffer (more device operations per step)",
+                           device, str(exc).splitlines()[0])
+    for dst, src in zip(dsts, srcs, strict=True):
+        dst.copy_(src, non_blocking=non_blocking)
+
+
+@functools.lru_cache(maxsize=1)
+def pinned_staging_available() -> bool:
+    """Whether host sources can be staged through pinned (page-locked) memory on this platform.
+
+    True where an accelerator runtime with pinned memory is present (``torch.cuda.is_available()``, or a
+    loaded ``torch_npu`` / ``torch_mlu`` that says it is available) and a pinned allocation succeeds.
+    False on CPU-only torch and on the simulator, which has no pinned memory: there host sources are
+    copied from pageable memory, blocking. Cached for the process (``pinned_staging_available.cache_clear()``).
+    """
+    candidates = []
+    if torch.cuda.is_available():
+        candidates.append(torch.cuda)
+    for name in ("npu", "mlu"):
+        module = getattr(torch, name, None)
+        if module is None or getattr(module, "__vendor_graph_sim__", False):
+            continue
+        if f"torch_{name}" not in sys.modules:  # a vendor module only counts with its runtime loaded
+            continue
+        available = getattr(module, "is_available", None)
+        if callable(available) and available():
+            candidates.append(module)
+    if not candidates:
+        return False
+    try:
+        torch.empty(1, pin_memory=True)
+    except Exception:  # noqa: BLE001 - no pinned allocator here: fall back to pageable copies
+        return False
+    return True
+
+
+def _box_views(dst: torch.Tensor, extent: tuple[int, ...], high_water: tuple[int, ...], pad_one: torch.Tensor
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The padding left stale by a fill of ``high_water`` followed by one of ``extent``, as disjoint boxes,
+    each with its pad source."""
+    boxes = []
+    for d, (n, hw) in enumerate(zip(extent, high_water, strict=True)):
+        if n < hw:
+            # Dims before d: this extent (the rest of them was reset by an earlier box); dim d: [n, hw);
+            # dims after d: whatever either step wrote.
+            view = dst
+            for e in range(len(extent)):
+                if e < d:
+                    start, stop = 0, extent[e]
+                elif e == d:
+                    start, stop = n, hw
+                else:
+                    start, stop = 0, max(extent[e], high_water[e])
+                view = view.narrow(e, start, stop - start)
+            if view.numel():
+                boxes.append((view, pad_one.expand(view.shape)))
+    return boxes
+
+
+def _stage(src: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """A host source bound for a device buffer: a pinned copy in the buffer's dtype where the platform
+    has pinned memory (returns it and True), else the source itself (False)."""
+    if pinned_staging_available():
+        staged = torch.empty(src.shape, dtype=dtype, pin_memory=True)
+        staged.copy_(src)
+        return staged, True
+    return src, False
 
 
 @dataclass
@@ -189,6 +337,8 @@ class GraphBuffers:
     fields: dict[str, _FieldState]
     held: dict[str, Any]
     sealed: bool = False
+    # once sealed: per bind step, the (root kind, attribute or None, setter, buffer) of every target
+    binds: dict[str, list] = field(default_factory=dict)
 
 
 _STATE_ATTR = "_vendor_graph_buffers"
@@ -290,9 +440,12 @@ class BufferSpec:
         if f.is_static:
             content = f.static(dims)
             tensor = torch.as_tensor(content, dtype=dtype).reshape(shape).to(where)
-            return _FieldState(tensor=tensor, high_water=list(tensor.shape))
+            return _FieldState(tensor=tensor, high_water=tuple(tensor.shape), on_host=tensor.device.type == "cpu",
+                               device=tensor.device.type)
         tensor = torch.full(shape, f.pad, dtype=dtype, device=where)
-        return _FieldState(tensor=tensor, high_water=[0] * len(shape))
+        pad_one = torch.full((1,) * len(shape), f.pad, dtype=dtype, device=where)
+        return _FieldState(tensor=tensor, high_water=(0,) * len(shape), pad_one=pad_one, pad=f.pad,
+                           on_host=tensor.device.type == "cpu", device=tensor.device.type)
 
     # -- fill ---------------------------------------------------------------------------------------
 
@@ -301,49 +454,114 @@ class BufferSpec:
         to call the model with (the caller's kwargs, with buffers in place of batch-dependent ones)."""
         state = graph_buffers(graph_meta)
         roots = {"kwarg": inputs, "attn": attn_metadata}
-        for f in self.fields:
-            if f.source is None or f.source.kind == "context":
-                continue
-            self._fill_field(f, state, f.source.get(roots[f.source.kind]))
+        writes = []
+        fields = state.fields
+        for f, kind, get, static in self._step_fields:
+            src = get(roots[kind])
+            st = fields.get(f.name)
+            if st is not None and static:
+                continue  # made at capture, content fixed: nothing to check or write
+            if st is not None and type(src) is torch.Tensor:
+                # steady state: an extent this buffer has seen after the same previous extent
+                plan = st.plans.get((src.shape, st.high_water))
+                if plan is not None:
+                    writes.append((st, src, src.shape, plan))
+                    continue
+            write = self._check_source(f, state, src)
+            if write is not None:
+                writes.append(write)
+        if writes:
+            self._write(writes)
 
         new_inputs = dict(inputs)
-        self._bind(state, {"attn": attn_metadata, "kwarg": new_inputs})
-        for name, make_value in self.constants.items():
-            Ref.attn(name).set(attn_metadata, make_value(state.dims, attn_metadata))
-        for held in self.held:
-            ref = Ref.attn(held.path)
-            if held.path not in state.held:
-                state.held[held.path] = ref.get(attn_metadata)
-            ref.set(attn_metadata, state.held[held.path])
+        self._bind(state, "fill", self._fill_binds, {"attn": attn_metadata, "kwarg": new_inputs})
+        dims = state.dims
+        for ref, make_value in self._constant_refs:
+            ref.set(attn_metadata, make_value(dims, attn_metadata))
+        for ref in self._held_refs:
+            if ref.path not in state.held:
+                state.held[ref.path] = ref.get(attn_metadata)
+            ref.set(attn_metadata, state.held[ref.path])
         return new_inputs
 
     def bind_context(self, graph_meta: Any, context: Any) -> None:
         """Copy context-sourced data in and point the ``StepContext`` at the buffers."""
         state = graph_buffers(graph_meta)
-        for f in self.fields:
-            if f.source is None or f.source.kind != "context":
-                continue
-            src = f.source.get(context)
-            if not state.sealed and f.name not in state.fields:
+        writes = []
+        fields = state.fields
+        for f, _kind, get, static in self._context_fields:
+            src = get(context)
+            st = fields.get(f.name)
+            if st is None and not state.sealed:
                 self._check_required(f, graph_meta, src)
                 if src is not None:
-                    state.fields[f.name] = self._allocate(f, state.dims, graph_meta.device, src)
-                    graph_meta.input_buffers[f.name] = state.fields[f.name].tensor
-            self._fill_field(f, state, src)
-        self._bind(state, {"context": context})
+                    st = fields[f.name] = self._allocate(f, state.dims, graph_meta.device, src)
+                    graph_meta.input_buffers[f.name] = st.tensor
+            if st is not None:
+                if static:
+                    continue
+                if type(src) is torch.Tensor:
+                    plan = st.plans.get((src.shape, st.high_water))
+                    if plan is not None:
+                        writes.append((st, src, src.shape, plan))
+                        continue
+            write = self._check_source(f, state, src)
+            if write is not None:
+                writes.append(write)
+        if writes:
+            self._write(writes)
+        self._bind(state, "context", self._context_binds, {"context": context})
         state.sealed = True
 
-    def _bind(self, state: GraphBuffers, roots: Mapping[str, Any]) -> None:
-        """Point every bind target of the given kinds at its field's buffer."""
-        for f in self.fields:
-            st = state.fields.get(f.name)
-            if st is None:
-                continue
-            for ref in f.bind:
-                if ref.kind in roots:
-                    ref.set(roots[ref.kind], st.tensor)
+    @staticmethod
+    def _bind(state: GraphBuffers, which: str, binds: tuple[tuple[str, Ref], ...], roots: Mapping[str, Any]) -> None:
+        """Point every bind target in ``binds`` at its field's buffer (fields this graph lacks: skipped)."""
+        targets = state.binds.get(which)
+        if targets is None:
+            fields = state.fields
+            targets = [(ref.kind, ref.parts[0] if len(ref.parts) == 1 else None, ref.setter, fields[name].tensor)
+                       for name, ref in binds if name in fields]
+            if state.sealed:  # no buffer is made after the first bind_context
+                state.binds[which] = targets
+        for kind, attr, setter, tensor in targets:
+            root = roots[kind]
+            if attr is not None and not isinstance(root, dict):
+                setattr(root, attr, tensor)
+            else:
+                setter(root, tensor)
 
-    def _fill_field(self, f: BufferField, state: GraphBuffers, src: Any) -> None:
+    @functools.cached_property
+    def _fill_binds(self) -> tuple[tuple[str, Ref], ...]:
+        return tuple((f.name, r) for f in self.fields for r in f.bind if r.kind != "context")
+
+    @functools.cached_property
+    def _context_binds(self) -> tuple[tuple[str, Ref], ...]:
+        return tuple((f.name, r) for f in self.fields for r in f.bind if r.kind == "context")
+
+    @functools.cached_property
+    def _constant_refs(self) -> tuple[tuple[Ref, Callable[[GraphDims, Any], Any]], ...]:
+        return tuple((Ref.attn(name), make_value) for name, make_value in self.constants.items())
+
+    @functools.cached_property
+    def _held_refs(self) -> tuple[Ref, ...]:
+        return tuple(Ref.attn(held.path) for held in self.held)
+
+    @functools.cached_property
+    def _step_fields(self) -> tuple[tuple[BufferField, str, Callable[[Any], Any], bool], ...]:
+        """Fields :meth:`fill` reads a source for (kwarg- and attn-sourced, static ones included: a
+        source that appears after capture is an error for them too), with the source's kind and getter."""
+        return tuple((f, f.source.kind, f.source.getter, f.static is not None) for f in self.fields
+                     if f.source is not None and f.source.kind != "context")
+
+    @functools.cached_property
+    def _context_fields(self) -> tuple[tuple[BufferField, str, Callable[[Any], Any], bool], ...]:
+        return tuple((f, f.source.kind, f.source.getter, f.static is not None) for f in self.fields
+                     if f.source is not None and f.source.kind == "context")
+
+    def _check_source(self, f: BufferField, state: GraphBuffers, src: Any
+                      ) -> tuple[_FieldState, Any, tuple[int, ...], tuple] | None:
+        """Validate one field's source for this step; returns (state, source, extent, plan) to write, or
+        None (a static field, or one this graph was made without and the step has no source for)."""
         st = state.fields.get(f.name)
         if st is None:
             if src is not None:
@@ -352,9 +570,11 @@ class BufferSpec:
                     f"but this step has one; the graph would ignore it. Run this step eager "
                     f"(the vendor_graph runner does so itself) or capture with it present"
                 )
-            return
-        if f.is_static:
-            return
+            return None
+        if f.static is not None:
+            return None
+        if src is None and f.absent_is_padding:
+            src = st.tensor.new_empty([0] * st.tensor.dim())  # no live rows: every written row is reset
         if src is None:
             raise GraphInputsChanged(
                 f"{self.vendor} graph for batch {state.dims.batch} was captured with {f.source}, "
@@ -362,13 +582,16 @@ class BufferSpec:
             )
         if not isinstance(src, torch.Tensor):
             src = torch.as_tensor(src)
+        extent = src.shape
+        plan = st.plans.get((extent, st.high_water))
+        if plan is not None:
+            return st, src, extent, plan  # an extent already checked against this buffer
         dst = st.tensor
         if src.dim() != dst.dim():
             raise GraphInputsChanged(
                 f"{self.vendor}: {f.source} has shape {tuple(src.shape)}, buffer {f.name!r} expects "
                 f"{dst.dim()} dims like {tuple(dst.shape)}"
             )
-        extent = list(src.shape)
         for d, (n, cap) in enumerate(zip(extent, dst.shape, strict=True)):
             if n > cap:
                 raise GraphInputsChanged(
@@ -376,19 +599,55 @@ class BufferSpec:
                     f"holds {cap}: this step was routed to a graph smaller than its batch "
                     f"(graphs must be looked up by padded batch)"
                 )
-        live = tuple(slice(0, n) for n in extent)
-        dst[live].copy_(src)
-        # Reset what earlier, larger steps left beyond this step's extent, dimension by dimension.
-        for d, (n, hw) in enumerate(zip(extent, st.high_water, strict=True)):
-            if n < hw:
-                idx = [slice(0, e) for e in extent]
-                idx[d] = slice(n, hw)
-                # Rows before d are covered by this extent; the stale box is [n:hw) in d, live elsewhere,
-                # except dims after d, which may also have been wider: use their high water there.
-                for later in range(d + 1, len(extent)):
-                    idx[later] = slice(0, max(extent[later], st.high_water[later]))
-                dst[tuple(idx)].fill_(f.pad)
-        st.high_water = extent
+        return st, src, extent, self._plan(st, extent)
+
+    @staticmethod
+    def _plan(st: _FieldState, extent: tuple[int, ...]) -> tuple[torch.Tensor | None, list]:
+        """The live view and the stale padding boxes of a fill of ``extent`` into ``st``, cached under
+        (extent, high water)."""
+        dst = st.tensor
+        live = dst
+        for d, n in enumerate(extent):
+            live = live.narrow(d, 0, n)
+        plan = (live if live.numel() else None, _box_views(dst, tuple(extent), st.high_water, st.pad_one))
+        if len(st.plans) >= _MAX_PLANS:
+            st.plans.clear()
+        st.plans[(extent, st.high_water)] = plan
+        return plan
+
+    def _write(self, writes: list[tuple[_FieldState, Any, tuple[int, ...], tuple]]) -> None:
+        """Write every live extent and reset every stale padding box of one call: one ``_foreach_copy_``
+        for the device buffers, one for the host ones. Called only after every source was validated, so
+        an error leaves the buffers as they were."""
+        dev_dst: list[torch.Tensor] = []
+        dev_src: list[torch.Tensor] = []
+        host_dst: list[torch.Tensor] = []
+        host_src: list[torch.Tensor] = []
+        staged_pageable = staged_pinned = False
+        device = "cpu"
+        for st, src, extent, (live, boxes) in writes:
+            on_host = st.on_host
+            if on_host:
+                dsts, srcs = host_dst, host_src
+            else:
+                dsts, srcs, device = dev_dst, dev_src, st.device
+            if live is not None:
+                if not on_host and src.device.type == "cpu":
+                    src, pinned = _stage(src, live.dtype)
+                    staged_pinned |= pinned
+                    staged_pageable |= not pinned
+                dsts.append(live)
+                srcs.append(src)
+            for box, pad in boxes:
+                dsts.append(box)
+                srcs.append(pad)
+            st.high_water = extent
+        if dev_dst:
+            # non_blocking only where every host source sits in pinned memory (the caching host allocator
+            # keeps a staged block from reuse until its copy has run); a pageable source copies blocking.
+            _copy_all(dev_dst, dev_src, device, non_blocking=staged_pinned and not staged_pageable)
+        if host_dst:
+            _copy_all(host_dst, host_src, "cpu")
 
     # -- introspection ------------------------------------------------------------------------------
 

@@ -64,8 +64,10 @@ def block_table_field() -> BufferField:
 
 
 def adapter_ids_field() -> BufferField:
+    # Adapter 0 is "no adapter"; lmdeploy's warm-up passes ids, serving steps without LoRA pass None.
     return BufferField("local_adapter_ids", (BATCH,), torch.int64, pad=0,
-                       source=Ref.context("local_adapter_ids"), bind=(Ref.context("local_adapter_ids"),))
+                       source=Ref.context("local_adapter_ids"), bind=(Ref.context("local_adapter_ids"),),
+                       absent_is_padding=True)
 
 
 def context_query_fields() -> tuple[BufferField, ...]:

@@ -60,7 +60,7 @@ MUTATIONS = (
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "padding tail of an earlier larger batch not reset", "buffers.py",
-        "                dst[tuple(idx)].fill_(f.pad)\n",
+        "                boxes.append((view, pad_one.expand(view.shape)))\n",
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(

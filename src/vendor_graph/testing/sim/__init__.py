@@ -49,6 +49,7 @@ Suspected behaviours, to confirm on hardware (switches in :data:`config`; defaul
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -103,7 +104,9 @@ def count_ops() -> Iterator[Counters]:
         yield inner
     finally:
         for name in Counters.__slots__:
-            setattr(inner, name, getattr(counters, name))
+            value = getattr(counters, name)
+            # a copy: the global Counter gets the outer block's counts added back just below
+            setattr(inner, name, collections.Counter(value) if name == "by_op" else value)
         for name, value in saved.items():
             current = getattr(counters, name)
             if name == "by_op":

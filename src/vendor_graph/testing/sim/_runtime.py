@@ -153,8 +153,9 @@ class Pool:
 
     _ids = itertools.count(1)
 
-    def __init__(self) -> None:
-        self.handle: tuple[int, int] = (0, next(Pool._ids))
+    def __init__(self, handle: tuple[int, int] | None = None) -> None:
+        self.handle: tuple[int, int] = (0, next(Pool._ids)) if handle is None else handle
+        _ISSUED.add(self.handle)
         self.segments: list[torch.Tensor] = []
         self._free: list[list[int]] = []  # [segment, offset, size], sorted
         self.allocated_bytes = 0
@@ -215,6 +216,7 @@ class Pool:
 
 
 _POOLS: weakref.WeakValueDictionary[tuple[int, int], Pool] = weakref.WeakValueDictionary()
+_ISSUED: set[tuple[int, int]] = set()  # every handle ever handed out
 
 
 def new_pool_handle() -> tuple[int, int]:
@@ -234,7 +236,10 @@ def pool_of(handle: Any) -> Pool:
     handle = tuple(handle) if isinstance(handle, (tuple, list)) else handle
     pool = _POOLS.get(handle)  # type: ignore[arg-type]
     if pool is None:
-        raise RuntimeError(f"unknown graph memory pool handle {handle!r}: use graph_pool_handle() or graph.pool()")
+        if handle not in _ISSUED:
+            raise RuntimeError(f"unknown graph memory pool handle {handle!r}: use graph_pool_handle() or graph.pool()")
+        # Like torch's caching allocator: a handle whose graphs are all gone starts a fresh pool.
+        pool = Pool(handle)
     return pool
 
 

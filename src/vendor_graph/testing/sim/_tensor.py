@@ -219,7 +219,9 @@ class OpInfo:
         for pos, arg in enumerate(schema.arguments):
             alias = arg.alias_info
             if alias is not None and alias.is_write:
-                for alias_set in alias.before_set:
+                # ``Tensor(a!)[]`` (the ``_foreach_*_`` ops) carries its alias set on the list's elements:
+                # the argument's own set is empty, but the op still writes its tensors.
+                for alias_set in alias.before_set or {f"<{arg.name}>"}:
                     written[alias_set] = (10**6 if arg.kwarg_only else pos, arg.name)
         rets: list[tuple] = []
         for ret in schema.returns:
@@ -540,6 +542,57 @@ def copy_between(dst: torch.Tensor, src: Any, non_blocking: bool, func: Any = No
     return dst
 
 
+def _h_foreach_copy(func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``torch._foreach_copy_(dsts, srcs, non_blocking)``: one device op when every pair is on the device.
+
+    Pairs that cross between host and device are transfers of their own on any real runtime (CUDA's
+    foreach falls back to one ``copy_`` per pair for them): each is counted as one more op and follows
+    :func:`copy_between`'s rules (a blocking transfer waits for the stream and is illegal in capture; a
+    ``non_blocking`` host source is read when the copy runs).
+    """
+    dsts = list(args[0])
+    srcs = list(args[1] if len(args) > 1 else kwargs["src"])
+    non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    if len(dsts) != len(srcs):
+        raise RuntimeError(f"_foreach_copy_: {len(dsts)} destinations but {len(srcs)} sources")
+    crossing = [isinstance(d, SimTensor) != isinstance(s, SimTensor) for d, s in zip(dsts, srcs, strict=True)]
+    if not any(crossing):
+        return _h_device(func, info, args, kwargs)
+    h2d = sum(1 for d, c in zip(dsts, crossing, strict=True) if c and isinstance(d, SimTensor))
+    d2h = sum(crossing) - h2d
+    inner_dsts = [d._inner if isinstance(d, SimTensor) else d for d in dsts]
+    inner_srcs = [s._inner if isinstance(s, SimTensor) else s for s in srcs]
+    node = OpNode(func, (inner_dsts, inner_srcs, non_blocking), {}, None, "_foreach_copy_(host<->device)")
+    stream = _state.current
+    if stream.capture is not None or stream.update is not None:
+        if not non_blocking:
+            rt._check_sync_allowed("a blocking host<->device _foreach_copy_", stream)
+        if stream.capture is not None:
+            stream.capture.add(node)
+        else:
+            stream.update.nodes.append(node)
+        return None
+    ops = sum(crossing) + (1 if not all(crossing) else 0)
+    counters.h2d += h2d
+    counters.d2h += d2h
+    counters.device_ops += ops
+    if not all(crossing):
+        counters.by_op[info.name] += 1
+    if h2d:
+        counters.by_op["_foreach_copy_.h2d"] += h2d
+    if d2h:
+        counters.by_op["_foreach_copy_.d2h"] += d2h
+    if not non_blocking and d2h:
+        rt.sync_current("a blocking device-to-host _foreach_copy_")
+    if not stream.queue and _config.eager_drain:
+        node.run()
+        return None
+    rt.enqueue(stream, rt._Deferred(node))
+    if not non_blocking:
+        rt.sync_current("a blocking _foreach_copy_")
+    return None
+
+
 def _h_copy_from_kernel(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     return copy_between(dst, src, non_blocking)
 
@@ -550,6 +603,7 @@ _HOST_OK = frozenset({
 })
 _SPECIAL: dict[Any, Any] = {
     aten.copy_.default: _h_copy,
+    aten._foreach_copy_.default: _h_foreach_copy,
     aten._to_copy.default: _h_to_copy,
     aten._local_scalar_dense.default: _h_item,
     aten.index.Tensor: _h_index,
