@@ -8,6 +8,13 @@ rows, every KV byte). The run is recorded as JSON: what ran, how long, and every
 its mismatches, so a failure is reproducible with ``--start SEED --count 1``.
 
     .venv/bin/python tools/soak.py --count 1000 --out soak.json
+
+``--property N`` runs the property-based check instead (vendor_graph.testing.properties: hypothesis
+draws N schedules of batches, prompt lengths and retirements for the Ascend runner; graph equals
+eager and no KV byte changes outside the live slots), seeded by ``--start``; a failure is shrunk and
+recorded with its schedule.
+
+    .venv/bin/python tools/soak.py --property 2000 --start 7 --out soak-property.json
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=200, help="schedules to run")
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--out", default="soak.json", help="where to write the JSON record")
+    parser.add_argument("--property", type=int, default=None, metavar="N",
+                        help="run N hypothesis examples of the property-based check instead (seed: --start)")
     args = parser.parse_args(argv)
+    if args.property is not None:
+        return soak_property(args)
 
     sys.path.insert(0, "tests/stubs")  # lmdeploy's Ascend backend imports dlinfer
     from vendor_graph.testing import sim
@@ -57,6 +68,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {args.count - len(failures)} passed, {len(failures)} failed in {record['seconds']} s "
           f"(record: {args.out})")
     return 1 if failures else 0
+
+
+def soak_property(args: argparse.Namespace) -> int:
+    sys.path.insert(0, "tests/stubs")
+    from vendor_graph.testing import properties, sim
+
+    sim.install()
+    started = time.time()
+    failure = None
+    try:
+        properties.property_test(args.property, derandomize=False, seed=args.start)()
+    except Exception as exc:  # the shrunk failing example, with its schedule
+        failure = f"{type(exc).__name__}: {exc}"
+        print(f"FAIL {failure[:2000]}", flush=True)
+    record = {
+        "property_examples": args.property, "seed": args.start, "failure": failure,
+        "seconds": round(time.time() - started, 1),
+        "lmdeploy": metadata.version("lmdeploy"), "torch": metadata.version("torch"),
+        "python": platform.python_version(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with open(args.out, "w") as fh:
+        json.dump(record, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    print(f"soak --property: {args.property} examples {'FAILED' if failure else 'passed'} in {record['seconds']} s "
+          f"(record: {args.out})")
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":

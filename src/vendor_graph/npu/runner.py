@@ -5,10 +5,18 @@ wait for the previous replay to finish with the captured tasks, refresh the host
 registered attention task (``NPUGraph.update`` or the task-group path, chosen per op), replay, and
 record a fence. Keys, sizes and padding come from :mod:`vendor_graph.buckets`; a key that cannot be
 captured safely runs eager, with its reason logged once.
+
+Operator components (each runner-agnostic, wired here as their module docstrings describe):
+:mod:`vendor_graph.stats` (per-bucket counters, summary at exit and on demand, capture progress bar,
+profiler ranges), :mod:`vendor_graph.guard` (stale-graph guard: KV caches and weights moved since
+capture -> recapture), :mod:`vendor_graph.shadow` (``VENDOR_GRAPH_SHADOW=N``: eager comparison every
+Nth replay), :mod:`vendor_graph.faults` (a failed capture leaves nothing behind; the key runs eager),
+:mod:`vendor_graph.switches` (``VENDOR_GRAPH_DISABLE``, ``VENDOR_GRAPH_DEBUG``).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,8 +24,11 @@ from typing import Any
 
 import torch
 
-from .. import buckets, patching
+from .. import buckets, faults, lifecycle, patching, stats, switches
+from ..buffers import GraphInputsChanged
+from ..guard import StaleGraphGuard
 from ..key import GraphKey
+from ..shadow import ShadowCheck
 from ..stats import GraphStats
 from . import hook, limits
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
@@ -73,6 +84,12 @@ class AscendGraphRunner(GraphRunner):
         self.capture_sizes = buckets.capture_sizes(
             "ascend", cache_config.max_batches, getattr(cache_config, "cudagraph_capture_batch_sizes", None))
         self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
+        switches.apply_debug()
+        self._off_reason = "graph mode off for this model or step"
+        if switches.disabled():
+            switches.announce_disabled("Ascend graph runner")
+            self.enable_graph = _false
+            self._off_reason = f"{switches.DISABLE_ENV}=1"
         # Each attention task of each graph holds an ExternalEvent: keep the sizes that fit (ACL 207008).
         budget = limits.fit_capture_sizes(getattr(model_config, "num_layers", 0) or 0, self.capture_sizes)
         if budget.message is not None and not backend_config.eager_mode:
@@ -90,6 +107,10 @@ class AscendGraphRunner(GraphRunner):
         self._fence: Any = None  # event recorded on the replay stream after the latest replay
         self._warned_oversize = False
         self.stats = GraphStats()
+        self.guard = StaleGraphGuard(model)
+        self.shadow = ShadowCheck()
+        self._progress: stats.CaptureProgress | None = None
+        stats.register(self, f"ascend graph runner {id(self):#x}")
 
     # -- lmdeploy GraphRunner API -----------------------------------------------------------------
 
@@ -120,20 +141,44 @@ class AscendGraphRunner(GraphRunner):
         if not context.global_is_decoding():
             return self._forward_eager("not a decode step", **kwargs)
         if not self.enable_graph(**kwargs):
-            return self._forward_eager("graph mode off for this model or step", **kwargs)
+            return self._forward_eager(self._off_reason, **kwargs)
         key = self.get_graph_key(**kwargs)
         if key is None:
             if not self._warned_oversize:
                 self._warned_oversize = True
-                logger.warning("vendor_graph.ascend: a batch above the largest captured size %d ran eager; "
-                               "raise max_batch_size to capture it", self.capture_sizes[-1])
+                logger.warning("vendor_graph.ascend: a batch of %d is above the largest captured size %d and ran "
+                               "eager (every such step does); raise max_batch_size or add the size to "
+                               "cudagraph_capture_batch_sizes to capture it",
+                               kwargs["attn_metadata"].block_offsets.size(0), self.capture_sizes[-1])
             return self._forward_eager("batch above the largest captured size", **kwargs)
         if key in self._eager_reasons:
             return self._forward_eager(self._eager_reasons[key], **kwargs)
         graph = self._graphs.get(key)
         if graph is None:
             return self._capture(key, kwargs)
-        return self._replay(graph, kwargs)
+        stale = self.guard.check(key, kwargs)
+        if stale is not None:
+            logger.warning("vendor_graph.ascend: %s: recapturing %s: %s", key,
+                           "every graph" if stale.all_graphs else "its graph", stale.reason)
+            self.stats.stale(key.padded_batch)
+            if stale.all_graphs:
+                for other in list(self._graphs):
+                    self._drop(other)
+            else:
+                self._drop(key)
+            return self._capture(key, kwargs)
+        attn_metadata, context = kwargs.get("attn_metadata"), self.ctx_mgr.current_context()
+        saved = [(obj, dict(obj.__dict__)) for obj in (attn_metadata, context) if hasattr(obj, "__dict__")]
+        try:
+            return self._replay(graph, kwargs)
+        except GraphInputsChanged as exc:  # raised by the fill, before the replay: this step runs eager
+            for obj, state in saved:  # what the fill may have re-bound to the graph's buffers
+                obj.__dict__.clear()
+                obj.__dict__.update(state)
+            reason = f"inputs differ from the capture: {exc}"
+            if reason not in self.stats.eager_steps:
+                logger.warning("vendor_graph.ascend: a step for %s ran eager: %s", key, exc)
+            return self._forward_eager(reason, **kwargs)
 
     def update_inputs(self, inputs):
         """DP: every rank pads to the same bucket of the global batch (as lmdeploy's CUDA runner)."""
@@ -149,16 +194,20 @@ class AscendGraphRunner(GraphRunner):
         return inputs
 
     def reset(self) -> None:
-        """Free every graph, its registered tasks and the pool; a later step captures afresh."""
+        """Free every graph, its registered tasks and the pool; a later step captures afresh.
+
+        lmdeploy calls this from ``ModelAgent.reset_graph_runner``: on sleep, on a finished weight
+        update and on release (0.16-0.18), so the stale-graph guard is cleared with the graphs."""
         super().reset()
-        for graph in self._graphs.values():
-            if graph.graph is not None and hasattr(graph.graph, "reset"):
-                graph.graph.reset()
-            graph.graph = None
-            graph.tasks.clear()
-            graph.output_buffers.clear()
-        self._graphs.clear()
+        for key in list(self._graphs):
+            self._drop(key)
         self._eager_reasons.clear()
+        self.guard.clear()
+        if self._progress is not None:
+            self._progress.done()
+        self._progress = None
+        if not self.stats.empty():
+            logger.debug("vendor_graph.ascend: graph stats before reset:\n%s", self.stats.summary())
         self.stats = GraphStats()
         self._pool = None
         self._fence = None
@@ -172,8 +221,24 @@ class AscendGraphRunner(GraphRunner):
             self._npu, self._caps = npu_runtime()
         return self._npu, self._caps
 
+    def _drop(self, key: GraphKey) -> None:
+        """Free one graph: its NPUGraph (memory back to the pool), registered tasks, buffers, guard record."""
+        graph = self._graphs.pop(key, None)
+        self.guard.forget(key)
+        if graph is None:
+            return
+        if graph.graph is not None and hasattr(graph.graph, "reset"):
+            graph.graph.reset()
+        graph.graph = None
+        graph.tasks.clear()
+        graph.output_buffers.clear()
+        if not self._graphs:  # the pool lives as long as a graph uses it; the next capture takes a new one
+            self._pool = None
+
     def _forward_eager(self, reason: str, **kwargs):
         self.stats.eager(reason)
+        if switches.DEBUG:
+            logger.debug("vendor_graph.ascend: eager step (%s)", reason)
         output = self.model(**kwargs)
         return self.model.make_output_buffers(output)
 
@@ -209,29 +274,68 @@ class AscendGraphRunner(GraphRunner):
             self._eager_reasons[key] = reason
             logger.warning("vendor_graph.ascend: %s runs eager: %s", key, reason)
             return self._forward_eager(reason, **kwargs)
+        if self._progress is None and self.stats.replays == 0:
+            self._progress = self.stats.progress(len(self.capture_sizes))  # the up-front captures (warmup)
+        # The fill rebinds attn_metadata's fields to the graph's buffers: keep the step's own for an
+        # eager fallback should the warmup forward fail.
+        own_metadata = copy.copy(kwargs.get("attn_metadata"))
         graph = AscendSingleGraph(key=key, meta=self._make_meta(key))
-        graph.meta.input_buffers = self.model.make_buffers_cudagraph(graph.meta, **kwargs)
-        padded = self._bind(graph, kwargs)
-        warmup = self.model.make_output_buffers(self.model(**padded))  # outside the graph: first-use work
+        memory_before = stats.device_memory(npu)
         start = time.perf_counter()
+        try:
+            graph.meta.input_buffers = self.model.make_buffers_cudagraph(graph.meta, **kwargs)
+            padded = self._bind(graph, kwargs)
+            warmup = self.model.make_output_buffers(self.model(**padded))  # outside the graph: first-use work
+        except Exception as exc:
+            self._capture_failed(key, graph, exc, "its warmup forward")
+            if own_metadata is not None:
+                kwargs = dict(kwargs, attn_metadata=own_metadata)
+            return self._forward_eager(self._eager_reasons[key], **kwargs)
         try:
             self._capture_into(graph, padded, npu, caps, force_task_update=False)
         except (GraphUnsafe, hook.NoSeqLenUpdate) as exc:
             self._eager_reasons[key] = str(exc)
+            self._release(graph)
             logger.warning("vendor_graph.ascend: %s runs eager: %s", key, exc)
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
         except Exception as exc:
             # Capture executes nothing, so this step's result is the warmup's; the key stays eager.
-            hint = limits.explain_capture_error(exc)
-            self._eager_reasons[key] = f"capture failed: {type(exc).__name__}: {exc}" + (f"; {hint}" if hint else "")
-            logger.exception("vendor_graph.ascend: capturing %s failed; it runs eager from now on", key)
+            self._capture_failed(key, graph, exc, "capture")
             return self.model.get_outputs_cudagraph(warmup, **kwargs)
         graph.capture_seconds = time.perf_counter() - start
-        self.stats.captured(key.padded_batch, graph.capture_seconds)
+        memory_after = stats.device_memory(npu)
+        nbytes = None if memory_before is None or memory_after is None else memory_after - memory_before
+        self.stats.captured(key.padded_batch, graph.capture_seconds, nbytes)
         self._graphs[key] = graph
+        self.guard.record(key, kwargs)
+        if self._progress is not None:
+            self._progress.captured(key.padded_batch)
         logger.info("vendor_graph.ascend: captured %s in %.3fs (seq-len path %s, %d attention tasks)",
                     key, graph.capture_seconds, "/".join(sorted(graph.paths)), len(graph.tasks))
         return self.model.get_outputs_cudagraph(warmup, **kwargs)
+
+    def _release(self, graph: AscendSingleGraph) -> None:
+        """Nothing of a graph that was not registered survives it: its NPUGraph, tasks, buffers; the pool
+        too when no registered graph uses it."""
+        if graph.graph is not None and hasattr(graph.graph, "reset"):
+            graph.graph.reset()
+        graph.graph = None
+        graph.tasks.clear()
+        graph.output_buffers.clear()
+        graph.meta.input_buffers = {}
+        if not self._graphs:
+            self._pool = None
+            if self._npu is not None and hasattr(self._npu, "empty_cache"):
+                self._npu.empty_cache()
+
+    def _capture_failed(self, key: GraphKey, graph: AscendSingleGraph, exc: BaseException, stage: str) -> None:
+        self._release(graph)
+        self._eager_reasons[key] = faults.capture_failure_reason(exc, limits.explain_capture_error(exc))
+        self.stats.capture_failed(key.padded_batch)
+        if self._progress is not None:
+            self._progress.captured(key.padded_batch)
+        logger.error("vendor_graph.ascend: capturing %s failed in %s; it runs eager from now on (serving "
+                     "continues): %s", key, stage, self._eager_reasons[key], exc_info=exc)
 
     def _capture_into(self, graph: AscendSingleGraph, padded, npu, caps: Capabilities, force_task_update: bool):
         if self._pool is None:
@@ -286,15 +390,41 @@ class AscendGraphRunner(GraphRunner):
 
     def _replay(self, graph: AscendSingleGraph, kwargs: dict[str, Any]):
         npu = self._npu
-        self._bind(graph, kwargs)
-        lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
-        self._refresh_seqlens(graph, lens)
-        graph.graph.replay()
-        # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
-        self._fence = npu.Event()
-        self._fence.record(npu.current_stream())
-        self.stats.replayed(graph.key.padded_batch, kwargs["input_ids"].size(-1), graph.key.padded_tokens)
-        return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
+        key = graph.key
+        if self._progress is not None:  # the up-front captures are over
+            self._progress.done()
+            self._progress = None
+        real_batch = kwargs["attn_metadata"].block_offsets.size(0)
+        with stats.profile_range("vendor_graph.ascend.replay", real_batch, key.padded_batch):
+            padded = self._bind(graph, kwargs)
+            lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
+            self._refresh_seqlens(graph, lens)
+            graph.graph.replay()
+            # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
+            self._fence = npu.Event()
+            self._fence.record(npu.current_stream())
+        self.stats.replayed(key.padded_batch, kwargs["input_ids"].size(-1), key.padded_tokens)
+        if switches.DEBUG:
+            logger.debug("vendor_graph.ascend: replayed %s for a batch of %d", key, real_batch)
+        outputs = self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
+        if self.shadow.due():
+            return self._shadow(graph, padded, kwargs, outputs, real_batch)
+        return outputs
+
+    def _shadow(self, graph: AscendSingleGraph, padded: dict[str, Any], kwargs: dict[str, Any], outputs,
+                real_batch: int):
+        """Run the step eagerly on the graph's own filled inputs and compare (vendor_graph.shadow)."""
+        with stats.profile_range("vendor_graph.ascend.shadow", real_batch, graph.key.padded_batch):
+            eager = self.model.get_outputs_cudagraph(self.model.make_output_buffers(self.model(**padded)), **kwargs)
+        problem = self.shadow.compare(outputs, eager)
+        self.stats.shadowed(graph.key.padded_batch, problem is not None)
+        if problem is None:
+            return outputs
+        if self.shadow.diverged("vendor_graph.ascend", graph.key, real_batch, graph.key.padded_batch, problem):
+            self._drop(graph.key)
+            self._eager_reasons[graph.key] = f"shadow check: graph differed from eager ({problem})"
+            return eager
+        return outputs
 
     def _refresh_seqlens(self, graph: AscendSingleGraph, lens: list[int]) -> None:
         npu = self._npu
@@ -331,6 +461,7 @@ def build_graph_runner(original, model, model_config, cache_config, backend_conf
     """``AscendOpsBackend.build_graph_runner`` with vendor_graph's runner, keeping lmdeploy's side effects."""
     from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import AscendOpsBackend
 
+    lifecycle.install()  # a finished update_params also drops the graphs (lmdeploy 0.16-0.18 do not)
     AscendOpsBackend.enable_graph = not backend_config.eager_mode
     AscendOpsBackend.max_batches = cache_config.max_batches
     is_mla = kwargs.pop("is_mla", None)

@@ -1,0 +1,74 @@
+"""Graph invalidation around lmdeploy's engine lifecycle (sleep, wake-up, weight updates).
+
+What lmdeploy 0.16-0.18 do themselves (``ModelAgent`` in ``lmdeploy/pytorch/engine/model_agent/agent.py``):
+``sleep()`` calls ``reset_graph_runner()`` (-> the runner's ``reset()``) before moving weights off the
+device and dropping the cache engine; ``wakeup()`` does not reset, but by then the runner is empty,
+and it builds a new cache engine (new KV tensors) and warms up, or rebuilds the runner (wake-up from
+``meta``); ``update_weights_from_distributed()`` resets when the update is finished.
+
+The gap: ``update_params()`` (the IPC weight update used by RL frameworks) never resets the graph
+runner in any of the three releases, although its ``finished`` step runs ``update_weights()`` /
+``process_weights_after_loading()``, which may register new Parameter objects (lmdeploy's own
+comment in ``update_weights_from_distributed`` says captured graphs then read freed weights).
+:func:`install` wraps ``BaseModelAgent.update_params`` so that a finished update (successful or not)
+also calls ``reset_graph_runner()``; the stale-graph guard's weight check (:mod:`vendor_graph.guard`)
+remains a second line. Runner-agnostic: call ``lifecycle.install()`` where the runner is built (the
+Ascend builder does); it is idempotent, restored by ``vendor_graph.uninstall()``, and costs nothing
+per step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from . import patching
+
+logger = logging.getLogger("vendor_graph")
+
+AGENT_MODULE = "lmdeploy.pytorch.engine.model_agent.agent"
+AGENT_CLASS = "BaseModelAgent"
+
+
+def wrap_update_params(original: Any) -> Any:
+    """``update_params`` that resets the graph runner once a weight update is finished."""
+    if getattr(original, "_vendor_graph_lifecycle", False):
+        return original
+
+    @functools.wraps(original)
+    def update_params(self, request, *args, **kwargs):
+        finished = bool(getattr(request, "finished", True))
+        try:
+            return original(self, request, *args, **kwargs)
+        finally:
+            reset = getattr(self, "reset_graph_runner", None)
+            if finished and reset is not None:
+                logger.info("vendor_graph: weight update finished: dropping captured graphs (they may read "
+                            "replaced parameters); the next decode steps capture afresh")
+                reset()
+
+    update_params._vendor_graph_lifecycle = True
+    update_params.__module__ = "vendor_graph.lifecycle"
+    return update_params
+
+
+def install(activation: patching.Activation | None = None) -> bool:
+    """Patch lmdeploy's ``BaseModelAgent.update_params`` (now, or when the agent module is imported).
+    False when no vendor is active."""
+    activation = activation or patching.active()
+    if activation is None:
+        return False
+
+    def patch(module) -> None:
+        agent = getattr(module, AGENT_CLASS, None)
+        original = getattr(agent, "update_params", None) if agent is not None else None
+        if original is None or getattr(original, "_vendor_graph_lifecycle", False):
+            return
+        activation.add(patching.Patch(agent, "update_params", wrap_update_params(original)))
+
+    patching.when_imported(AGENT_MODULE, patch)
+    return True
+
+
+__all__ = ["AGENT_MODULE", "install", "wrap_update_params"]

@@ -1,0 +1,133 @@
+"""Shadow check: every Nth replayed decode step also runs eagerly on the same inputs, and the two
+outputs are compared (``VENDOR_GRAPH_SHADOW=N``; off by default).
+
+"The same inputs" are the graph's own filled buffers (the kwargs the runner's fill returned), so the
+eager forward reads exactly what the replay read, and writes the same K/V values to the same slots
+the replay just wrote (padding rows write none): running both is safe for the cache. What it checks
+is the graph mechanism itself (a buffer the graph no longer reads, a host value not refreshed, a
+corrupted capture), not padding policy, which the conformance suite covers.
+
+On a divergence the key, the live and padded batch and the largest difference are logged (WARNING);
+with ``VENDOR_GRAPH_SHADOW_ACTION=eager`` (default) that key runs eager from then on and this step
+returns the eager result, with ``log`` it only logs. ``VENDOR_GRAPH_SHADOW_TOL`` sets the relative
+tolerance (default by dtype: 1e-5 float32, 1e-2 float16, 2e-2 bfloat16): on hardware a graph and an
+eager run may legitimately differ in the last bits (padding changes kernel tiling).
+
+Runner-agnostic API:
+
+* ``self.shadow = ShadowCheck()`` in ``__init__`` (reads the environment);
+* after a replay: ``if self.shadow.due():`` run ``eager = model.make_output_buffers(model(**padded))``
+  on the filled kwargs, then ``problem = self.shadow.compare(graph_outputs, eager_outputs)`` on the
+  live part of both (``model.get_outputs_cudagraph(buffers, **kwargs)``); ``problem`` is None when
+  they agree; else ``if self.shadow.diverged(label, key, batch, padded_batch, problem):`` switch the
+  key to eager and return the eager outputs.
+
+``due()`` is one integer increment and compare; the compare syncs with the device (only on checked
+steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("vendor_graph")
+
+SHADOW_ENV = "VENDOR_GRAPH_SHADOW"
+ACTION_ENV = "VENDOR_GRAPH_SHADOW_ACTION"
+TOL_ENV = "VENDOR_GRAPH_SHADOW_TOL"
+ACTIONS = ("eager", "log")
+DEFAULT_TOL = {torch.float32: 1e-5, torch.float64: 1e-9, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+class ShadowCheck:
+    """Every ``every``-th call of :meth:`due` is a checked step (0: never)."""
+
+    def __init__(self, every: int | None = None, action: str | None = None, tolerance: float | None = None):
+        if every is None:
+            raw = os.environ.get(SHADOW_ENV, "").strip()
+            try:
+                every = int(raw) if raw else 0
+            except ValueError:
+                raise ValueError(f"{SHADOW_ENV}={raw!r}: expected a whole number N (check every Nth decode "
+                                 f"step), or 0/unset for off") from None
+        if action is None:
+            action = os.environ.get(ACTION_ENV, "").strip() or "eager"
+        if action not in ACTIONS:
+            raise ValueError(f"{ACTION_ENV}={action!r}: expected one of {', '.join(ACTIONS)}")
+        if tolerance is None and os.environ.get(TOL_ENV, "").strip():
+            tolerance = float(os.environ[TOL_ENV])
+        self.every = max(0, every)
+        self.action = action
+        self.tolerance = tolerance
+        self._count = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+    def due(self) -> bool:
+        """Count a replayed step; True when this one is to be checked."""
+        if not self.every:
+            return False
+        self._count += 1
+        if self._count >= self.every:
+            self._count = 0
+            return True
+        return False
+
+    def compare(self, graph_out: Any, eager_out: Any) -> str | None:
+        """None when every tensor of ``graph_out`` matches ``eager_out`` within tolerance."""
+        pairs = _pairs(graph_out, eager_out)
+        if not pairs:
+            return "no output tensors to compare"
+        for name, g, e in pairs:
+            if g.shape != e.shape:
+                return f"{name}: shape {tuple(g.shape)} from the graph, {tuple(e.shape)} eager"
+            g_host, e_host = g.detach().cpu(), e.detach().cpu()
+            if torch.equal(g_host, e_host):
+                continue
+            if not g_host.is_floating_point():
+                bad = int((g_host != e_host).sum())
+                return f"{name}: {bad} of {g_host.numel()} elements differ"
+            g64, e64 = g_host.double(), e_host.double()
+            finite_g, finite_e = torch.isfinite(g64), torch.isfinite(e64)
+            if not torch.equal(finite_g, finite_e):
+                count = int((finite_g != finite_e).sum())
+                return f"{name}: non-finite values in {count} places where the other has finite ones"
+            diff = (g64 - e64).abs().masked_fill(~finite_e, 0)
+            scale = e64.abs().masked_fill(~finite_e, 0).max().clamp_min(1e-12)
+            rel = float(diff.max() / scale)
+            tol = self.tolerance if self.tolerance is not None else DEFAULT_TOL.get(g.dtype, 1e-5)
+            if rel > tol:
+                return (f"{name}: max abs difference {float(diff.max()):.3g} ({rel:.3g} of the largest value; "
+                        f"tolerance {tol:g})")
+        return None
+
+    def diverged(self, label: str, key: Any, batch: int, padded_batch: int, problem: str) -> bool:
+        """Log a divergence; True when the key is to run eager from now on."""
+        to_eager = self.action == "eager"
+        logger.warning("%s: shadow check: graph %s (live batch %d, padded %d) differs from eager: %s; %s",
+                       label, key, batch, padded_batch, problem,
+                       "that key runs eager from now on" if to_eager else
+                       f"keeping the graph ({ACTION_ENV}=log)")
+        return to_eager
+
+
+def _pairs(graph_out: Any, eager_out: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    if isinstance(graph_out, torch.Tensor) and isinstance(eager_out, torch.Tensor):
+        return [("output", graph_out, eager_out)]
+    if isinstance(graph_out, Mapping) and isinstance(eager_out, Mapping):
+        return [(k, v, eager_out[k]) for k, v in graph_out.items()
+                if isinstance(v, torch.Tensor) and isinstance(eager_out.get(k), torch.Tensor)]
+    if isinstance(graph_out, (list, tuple)) and isinstance(eager_out, (list, tuple)):
+        return [(f"output[{i}]", g, e) for i, (g, e) in enumerate(zip(graph_out, eager_out, strict=False))
+                if isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor)]
+    return []
+
+
+__all__ = ["ACTIONS", "ACTION_ENV", "SHADOW_ENV", "TOL_ENV", "ShadowCheck"]
