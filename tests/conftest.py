@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -6,9 +7,11 @@ import pytest
 
 STUBS = Path(__file__).parent / "stubs"
 
-# The stand-in dlinfer, for this process and for the worker processes tests spawn.
-sys.path.insert(0, str(STUBS))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH")) if p)
+# The stand-in dlinfer, for this process and for the worker processes tests spawn; never in front of a
+# real dlinfer (an Ascend machine running the hardware workflows has one).
+if importlib.util.find_spec("dlinfer") is None:
+    sys.path.insert(0, str(STUBS))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH")) if p)
 # Tests choose their vendor explicitly; an inherited activation would leak into them.
 os.environ.pop("VENDOR_GRAPH_VENDOR", None)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 VENDORS = ("ascend", "camb", "maca")
+# Not a product vendor: runs the package on NVIDIA GPUs inside lmdeploy's engine, as a reference.
+REFERENCE_VENDORS = ("cuda",)
 
 
 def uninstall() -> None:
@@ -27,4 +29,4 @@ def active_vendor() -> str | None:
     return activation.vendor if activation is not None else None
 
 
-__all__ = ["VENDORS", "__version__", "active_vendor", "uninstall"]
+__all__ = ["REFERENCE_VENDORS", "VENDORS", "__version__", "active_vendor", "uninstall"]

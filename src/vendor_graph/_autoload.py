@@ -13,12 +13,16 @@ import importlib
 import logging
 import os
 
-from . import VENDORS
+from . import REFERENCE_VENDORS, VENDORS
 from .patching import VENDOR_ENV, when_imported
 
 _TRIGGERS = (
     "lmdeploy.pytorch.models.utils.cudagraph",
     "lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend",
+)
+_REFERENCE_TRIGGERS = (
+    "lmdeploy.pytorch.models.utils.cudagraph",
+    "lmdeploy.pytorch.backends.cuda.op_backend",
 )
 
 
@@ -32,7 +36,7 @@ def _arm(vendor: str) -> None:
         fired = True
         importlib.import_module(f"vendor_graph.{vendor}")
 
-    for trigger in _TRIGGERS:
+    for trigger in _REFERENCE_TRIGGERS if vendor in REFERENCE_VENDORS else _TRIGGERS:
         when_imported(trigger.format(vendor=vendor), activate)
 
 
@@ -40,10 +44,10 @@ def _main() -> None:
     vendor = os.environ.get(VENDOR_ENV, "").strip()
     if not vendor or os.environ.get("VENDOR_GRAPH_DISABLE_AUTOLOAD") == "1":
         return
-    if vendor not in VENDORS:
+    if vendor not in VENDORS + REFERENCE_VENDORS:
         logging.getLogger("vendor_graph").error(
             "%s=%s is not a vendor_graph vendor (one of %s); graph mode stays off in this process",
-            VENDOR_ENV, vendor, ", ".join(VENDORS),
+            VENDOR_ENV, vendor, ", ".join(VENDORS + REFERENCE_VENDORS),
         )
         return
     _arm(vendor)

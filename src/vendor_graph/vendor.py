@@ -8,13 +8,14 @@ and gives the runner an ownership check before every capture.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import compat, patching
+from . import compat, lifecycle, patching, switches
 from .buffers import BufferSpec
 from .compat import LmdeployApi
 
@@ -29,6 +30,12 @@ class VendorProfile:
     build_runner: Callable[..., Any] | None = None
     # Vendor-specific patches beyond the mixin and the builder.
     extra_setup: Callable[[patching.Activation], None] | None = None
+    # (module, class) of the op backend whose builder we wrap; default: lmdeploy's dlinfer backend.
+    op_backend: tuple[str, str] | None = None
+    # Called after the spec's make (graph_meta, input_buffers, attn_metadata) and fill (graph_meta,
+    # attn_metadata): buffers lmdeploy's backend owns beside ours (0.18 CUDA step metadata).
+    after_make: Callable[[Any, dict, Any], None] | None = None
+    after_fill: Callable[[Any, Any], None] | None = None
 
     @functools.cached_property
     def spec(self) -> BufferSpec:
@@ -37,10 +44,14 @@ class VendorProfile:
     @property
     def op_backend_module(self) -> str:
         """lmdeploy's op backend module for this vendor, whose builder we wrap."""
+        if self.op_backend is not None:
+            return self.op_backend[0]
         return f"lmdeploy.pytorch.backends.dlinfer.{self.name}.op_backend"
 
     @property
     def op_backend_class(self) -> str:
+        if self.op_backend is not None:
+            return self.op_backend[1]
         return f"{self.name.capitalize()}OpsBackend"
 
 
@@ -59,12 +70,17 @@ def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
     def make_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
                                inputs_embeds=None, **kwargs):
         inputs = _model_inputs(input_ids, position_ids, inputs_embeds, kwargs)
-        return profile.spec.make(graph_meta, inputs, attn_metadata)
+        input_buffers = profile.spec.make(graph_meta, inputs, attn_metadata)
+        if profile.after_make is not None:
+            profile.after_make(graph_meta, input_buffers, attn_metadata)
+        return input_buffers
 
     def fill_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
                                inputs_embeds=None, **kwargs):
         inputs = _model_inputs(input_ids, position_ids, inputs_embeds, kwargs)
         new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)
+        if profile.after_fill is not None:
+            profile.after_fill(graph_meta, attn_metadata)
         new_inputs["past_key_values"] = past_key_values
         new_inputs["attn_metadata"] = attn_metadata
         return new_inputs
@@ -107,6 +123,10 @@ def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
     @functools.wraps(original)
     def build_graph_runner(model, model_config, cache_config, backend_config, device, *args, **kwargs):
         patching.ensure_owned("before building the graph runner")
+        if switches.disabled():  # VENDOR_GRAPH_DISABLE=1: every runner eager; the buffer patches stay
+            switches.announce_disabled(f"{profile.name} graph runner")
+            backend_config = copy.copy(backend_config)
+            backend_config.eager_mode = True
         if profile.build_runner is not None:
             runner = profile.build_runner(original, model, model_config, cache_config, backend_config, device,
                                           *args, **kwargs)
@@ -143,6 +163,7 @@ def install(profile: VendorProfile) -> patching.Activation:
 
         patching.when_imported(compat.CUDAGRAPH_MODULE, patch_mixin)
         patching.when_imported(profile.op_backend_module, patch_builder)
+        lifecycle.install(activation)  # a finished weight update drops the graphs (lmdeploy does not)
         if profile.extra_setup is not None:
             profile.extra_setup(activation)
 

@@ -70,7 +70,7 @@ def check_pair(pair, generation: str, attention: str, query_len: int, expected_p
     ("G2b", "fia_v2", 2, TASK_UPDATE),
     ("G5", "fia_v2", 3, GRAPH_UPDATE),
 ])
-def test_multi_token_decode_matches_eager(graph_backend, generation, attention, query_len, expected_path):
+def test_multi_token_decode_matches_eager(sim_backend, generation, attention, query_len, expected_path):
     pair = run("ascend", SEED, generation=generation, attention=attention, steps=STEPS, num_seqs=NUM_SEQS,
                query_len=query_len)
     check_pair(pair, generation, attention, query_len, expected_path)
@@ -87,7 +87,7 @@ def test_multi_token_decode_matches_eager(graph_backend, generation, attention, 
     ("G1", "paged_attention_mla", TASK_UPDATE),
     ("G5", "paged_attention_mla", TASK_UPDATE),
 ])
-def test_mla_decode_matches_eager(graph_backend, generation, attention, expected_path):
+def test_mla_decode_matches_eager(sim_backend, generation, attention, expected_path):
     pair = run("ascend", SEED, generation=generation, attention=attention, steps=STEPS, num_seqs=NUM_SEQS)
     check_pair(pair, generation, attention, 1, expected_path)
     assert pair.runner.is_mla, "K and V head dims differ: lmdeploy's builder passes is_mla=True"
@@ -95,7 +95,7 @@ def test_mla_decode_matches_eager(graph_backend, generation, attention, expected
     assert k_cache.shape[-1] != v_cache.shape[-1] and k_cache.shape[-2] == 1
 
 
-def test_multi_token_replays_without_the_refresh_read_stale_kv_lengths(graph_backend, monkeypatch):
+def test_multi_token_replays_without_the_refresh_read_stale_kv_lengths(sim_backend, monkeypatch):
     """The parity check sees a frozen ``actual_seq_lengths_kv`` in multi-token graphs (mutation check)."""
     from vendor_graph.npu.runner import AscendGraphRunner
     from vendor_graph.testing import sim
@@ -107,7 +107,7 @@ def test_multi_token_replays_without_the_refresh_read_stale_kv_lengths(graph_bac
     assert any("hidden states differ" in m for m in pair.mismatches), pair.mismatches[:3]
 
 
-def test_paged_attention_mla_forced_to_graph_update_is_recaptured_with_task_groups(graph_backend, monkeypatch,
+def test_paged_attention_mla_forced_to_graph_update_is_recaptured_with_task_groups(sim_backend, monkeypatch,
                                                                                    caplog):
     """``NPUGraph.update`` never reaches ``_npu_paged_attention_mla`` (so an MLA graph refreshed only
     through it keeps its capture-time lengths): forced to graph-update on G5, the post-capture check

@@ -34,7 +34,7 @@ def ascend_pair(generation, *, num_seqs=6, seed=0, attention="fia"):
 
 
 @pytest.mark.parametrize("generation", ["G1", "G5"])  # task-update and graph-update paths
-def test_the_next_refresh_waits_for_the_previous_replay(graph_backend, generation):
+def test_the_next_refresh_waits_for_the_previous_replay(sim_backend, generation):
     """Lazy streams: step N's replay is still queued when step N+1 refreshes the captured tasks. The
     fence keeps N's replay on N's lengths; without it, N would read N+1's."""
     from vendor_graph.testing import sim
@@ -58,7 +58,7 @@ def test_the_next_refresh_waits_for_the_previous_replay(graph_backend, generatio
         assert torch.equal(out_n.cpu()[:, :4], ref_n.cpu()[:, :4])
 
 
-def test_forced_task_update_is_honoured(graph_backend, monkeypatch):
+def test_forced_task_update_is_honoured(sim_backend, monkeypatch):
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "task-update")
     with ascend_pair("G5") as pair:
         for active in harness.schedule(6, 12, seed=3):
@@ -67,7 +67,7 @@ def test_forced_task_update_is_honoured(graph_backend, monkeypatch):
     assert {p for g in pair.runner.graphs().values() for p in g.paths} == {"task-update"}
 
 
-def test_an_update_that_misses_its_tasks_is_recaptured_with_task_groups(graph_backend, monkeypatch, caplog):
+def test_an_update_that_misses_its_tasks_is_recaptured_with_task_groups(sim_backend, monkeypatch, caplog):
     """Forcing graph-update on G1 (no update()): the post-capture check finds no records and falls back."""
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "graph-update")
     with caplog.at_level(logging.WARNING, logger="vendor_graph"), ascend_pair("G1") as pair:
@@ -79,7 +79,7 @@ def test_an_update_that_misses_its_tasks_is_recaptured_with_task_groups(graph_ba
     assert "recapturing with task groups" in caplog.text
 
 
-def test_two_runners_in_one_process_own_their_pools_and_tasks(graph_backend):
+def test_two_runners_in_one_process_own_their_pools_and_tasks(sim_backend):
     with ascend_pair("G5", num_seqs=4) as target:
         draft = harness._build_runner("ascend", target.model, harness.lmdeploy_configs("ascend", target.model, 4),
                                       target.model.ctx_mgr)
@@ -96,7 +96,7 @@ def test_two_runners_in_one_process_own_their_pools_and_tasks(graph_backend):
     assert not target.mismatches
 
 
-def test_reset_frees_everything_and_a_later_step_recaptures(graph_backend):
+def test_reset_frees_everything_and_a_later_step_recaptures(sim_backend):
     with ascend_pair("G3b") as pair:
         for active in ([0, 1], [0, 1], [0, 1, 2, 3, 4]):
             pair.step(active)
@@ -110,7 +110,7 @@ def test_reset_frees_everything_and_a_later_step_recaptures(graph_backend):
     assert not pair.mismatches
 
 
-def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(graph_backend, caplog):
+def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(sim_backend, caplog):
     """A model forward that syncs during capture (a host read of a device tensor) cannot be captured:
     that key runs eager with its reason logged, the step's result is right, serving continues."""
     with ascend_pair("G5") as pair:
@@ -136,7 +136,7 @@ def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(graph_backen
     assert not pair.mismatches
 
 
-def test_warmup_captures_every_size_largest_first_into_one_pool(graph_backend):
+def test_warmup_captures_every_size_largest_first_into_one_pool(sim_backend):
     """lmdeploy's ModelAgent.warmup calls the runner once per capture size, largest first: every size
     gets its graph, all in the runner's one pool, and later steps replay them."""
     from vendor_graph.testing import sim
@@ -156,7 +156,7 @@ def test_warmup_captures_every_size_largest_first_into_one_pool(graph_backend):
     assert not pair.mismatches
 
 
-def test_capture_sizes_beyond_the_event_budget_are_dropped_smallest_first(graph_backend, monkeypatch, caplog):
+def test_capture_sizes_beyond_the_event_budget_are_dropped_smallest_first(sim_backend, monkeypatch, caplog):
     """2 attention layers hold 2 ExternalEvents per graph: a budget of 4 keeps the two largest sizes;
     smaller batches pad up into them, none runs eager, and the warning names what was dropped."""
     monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "4")

@@ -31,7 +31,7 @@ def used_buckets(runner, plan):
 
 @pytest.mark.parametrize("generation", GRAPH_GENERATIONS)
 @pytest.mark.parametrize("attention", ["fia", "fia_v2", "paged_attention"])
-def test_ascend_graph_matches_eager_and_refreshes_seqlens(graph_backend, generation, attention):
+def test_ascend_graph_matches_eager_and_refreshes_seqlens(sim_backend, generation, attention):
     for seed in range(SCHEDULES):
         pair = run("ascend", seed, generation=generation, attention=attention, steps=STEPS, num_seqs=NUM_SEQS)
         assert not pair.mismatches, pair.mismatches[:5]
@@ -56,7 +56,17 @@ def test_ascend_graph_matches_eager_and_refreshes_seqlens(graph_backend, generat
         assert paths == {path_for(GENERATION_FACTS[generation], ATTENTION_OPS[op], overload)}
 
 
-def test_ascend_g0_runs_eager_with_one_clear_message(graph_backend, caplog):
+@pytest.mark.parametrize("attention", ["fia", "paged_attention"])
+def test_ascend_on_a_real_npu_matches_eager(ascend_backend, attention):
+    """The installed torch_npu's NPUGraph and attention ops (the simulator runs every generation above)."""
+    if ascend_backend != "npu":
+        pytest.skip("real NPU only (--graph-backend npu)")
+    pair = run("ascend", 0, attention=attention, steps=STEPS, num_seqs=NUM_SEQS, backend="npu")
+    assert not pair.mismatches, pair.mismatches[:5]
+    assert pair.runner.graphs() and not pair.runner.eager_reasons()
+
+
+def test_ascend_g0_runs_eager_with_one_clear_message(sim_backend, caplog):
     with caplog.at_level(logging.WARNING, logger="vendor_graph"):
         pair = run("ascend", 0, generation="G0", steps=8, num_seqs=4)
     assert not pair.mismatches
@@ -68,11 +78,16 @@ def test_ascend_g0_runs_eager_with_one_clear_message(graph_backend, caplog):
 
 @pytest.mark.skipif(RELEASE not in compat.SUPPORTED_SERIES["camb"], reason=f"Camb/MACA unsupported on {RELEASE}")
 @pytest.mark.parametrize("vendor", ["camb", "maca"])
-def test_camb_maca_on_lmdeploys_cuda_runner_match_eager(graph_backend, vendor):
+def test_camb_maca_on_lmdeploys_cuda_runner_match_eager(cuda_style_backend, vendor):
     for seed in range(SCHEDULES):
-        pair = run(vendor, seed, steps=STEPS, num_seqs=NUM_SEQS)
+        pair = run(vendor, seed, steps=STEPS, num_seqs=NUM_SEQS, backend=cuda_style_backend)
         assert not pair.mismatches, pair.mismatches[:5]
         plan = schedule(NUM_SEQS, STEPS, seed)
         sizes = pair.runner.get_capture_batch_sizes()
         runners = compat.cuda_runner_graphs(pair.runner)
-        assert {k[0] for k in runners} == {buckets.pad_to_bucket(sizes, len(a)) for a in plan}
+        used = {buckets.pad_to_bucket(sizes, len(a)) for a in plan}
+        assert {k[0] for k in runners} == used
+        # lmdeploy's runner, adopted: every decode step was a capture or a replay, none ran eager
+        assert pair.runner.stats.replays == STEPS - len(used)
+        assert sum(b.captures for b in pair.runner.stats.buckets.values()) == len(used)
+        assert not pair.runner.eager_reasons()

@@ -13,7 +13,7 @@ COUNT = int(os.environ.get("VENDOR_GRAPH_RANDOM_SCHEDULES", "120"))
 
 
 @pytest.mark.parametrize("seed", range(COUNT))
-def test_random_schedule(graph_backend, seed):
+def test_random_schedule(sim_backend, seed):
     c = case(seed)
     pair = run_case(c)
     assert not pair.mismatches, f"{c}: {pair.mismatches[:3]}"

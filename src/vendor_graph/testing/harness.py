@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import random
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
 from .. import compat
+from . import kernels
 from . import tiny_model as tm
 
 
@@ -75,6 +77,11 @@ class SideBySide:
     steps: int = 0
     mismatches: list[str] = field(default_factory=list)
     counters: object = None  # the simulator's device-op counters over the schedule
+    # None: bitwise (the simulator). On a real device, (rtol, atol) for hidden states and KV bytes;
+    # greedy tokens must still be equal.
+    tolerance: tuple[float, float] | None = None
+    max_abs_diff: float = 0.0  # largest hidden-state difference seen (0.0: bitwise on every step)
+    step_seconds: dict = field(default_factory=dict)  # "eager" / "graph" -> host seconds of each step's forward
 
     def graph_step(self, model, ctx):
         ctx.enable_microbatch = False
@@ -87,7 +94,9 @@ class SideBySide:
 
         def keep(name, run):
             def wrapped(model, ctx):
+                start = time.perf_counter()
                 hidden[name] = run(model, ctx)
+                self.step_seconds.setdefault(name, []).append(time.perf_counter() - start)
                 return hidden[name]
             return wrapped
 
@@ -98,26 +107,49 @@ class SideBySide:
         e = hidden["eager"].reshape(-1, hidden["eager"].shape[-1])[:rows].cpu()
         g = hidden["graph"].reshape(-1, hidden["graph"].shape[-1])[:rows].cpu()
         if not torch.equal(e, g):
-            self.mismatches.append(f"step {self.steps} batch {n}: hidden states differ "
-                                   f"(max abs {float((e - g).abs().max()):.3g})")
+            diff = float((e - g).abs().max())
+            self.max_abs_diff = max(self.max_abs_diff, diff)
+            if not self._close(e, g):
+                self.mismatches.append(f"step {self.steps} batch {n}: hidden states differ (max abs {diff:.3g})")
         if eager_tokens != graph_tokens:
             self.mismatches.append(f"step {self.steps}: tokens {graph_tokens} != eager {eager_tokens}")
         self.check_padding(n)
         for layer, (pair_e, pair_g) in enumerate(zip(self.eager.kv_caches, self.graph.kv_caches, strict=True)):
             for which, te, tg in zip("kv", pair_e, pair_g, strict=True):
-                if not torch.equal(te.cpu(), tg.cpu()):
-                    diff = (te.cpu() != tg.cpu()).reshape(te.shape[0], -1).any(-1).nonzero().view(-1).tolist()
+                te, tg = te.cpu(), tg.cpu()
+                if not torch.equal(te, tg) and not self._close(te, tg):
+                    far = ~torch.isclose(te, tg, *self._rtol_atol(), equal_nan=True)
+                    diff = far.reshape(te.shape[0], -1).any(-1).nonzero().view(-1).tolist()
                     self.mismatches.append(f"step {self.steps}: layer {layer} {which}-cache differs in blocks {diff}")
+                if not torch.equal(te[0], tg[0]):  # even within tolerance: padding must not write there
+                    self.mismatches.append(f"step {self.steps}: layer {layer} {which}-cache reserved block 0 "
+                                           f"was written")
         self.steps += 1
+
+    def _rtol_atol(self) -> tuple[float, float]:
+        return self.tolerance if self.tolerance is not None else (0.0, 0.0)
+
+    def _close(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Bitwise on the simulator; within the stated tolerance (NaN matching NaN) on a device. A
+        padding row writing a KV slot it must not touch changes it by far more than the tolerance."""
+        if self.tolerance is None:
+            return torch.equal(a, b)
+        rtol, atol = self.tolerance
+        return bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
 
     def graph_meta(self, batch: int):
         """The CudaGraphMeta of the graph that served a batch of ``batch`` (None if it ran eager)."""
         from vendor_graph.buckets import pad_to_bucket
 
-        padded = pad_to_bucket(self.runner.get_capture_batch_sizes(), batch)
-        if hasattr(self.runner, "graphs"):  # vendor_graph's AscendGraphRunner
+        sizes = self.runner.get_capture_batch_sizes()
+        if batch > sizes[-1]:  # ran eager
+            return None
+        padded = pad_to_bucket(sizes, batch)
+        from vendor_graph.npu.runner import AscendGraphRunner
+
+        if isinstance(self.runner, AscendGraphRunner):
             graphs = {k.padded_batch: g.meta for k, g in self.runner.graphs().items()}
-        else:  # lmdeploy's CUDAGraphRunner (the map was renamed in 0.18)
+        else:  # lmdeploy's CUDAGraphRunner, adopted or not (the map was renamed in 0.18)
             single = compat.cuda_runner_graphs(self.runner)
             graphs = {k[0]: r.meta for k, r in single.items()}
         return graphs.get(padded)
@@ -172,21 +204,35 @@ def step_manager(vendor: str, model_config, query_len: int = 1):
         yield mgr
 
 
-def _build_runner(vendor: str, model: tm.TinyDecoder, configs: Configs, mgr):
+def _build_runner(vendor: str, model: tm.TinyDecoder, configs: Configs, mgr, device: str = "npu"):
     """The runner lmdeploy's ModelAgent would get: the vendor op backend's (patched) builder."""
     op_backend = importlib.import_module(f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend")
     backend = getattr(op_backend, f"{vendor.capitalize()}OpsBackend")
     model.ctx_mgr = mgr
     return backend.build_graph_runner(model, configs.model_config, configs.cache_config, configs.backend_config,
-                                      torch.device("npu"))
+                                      torch.device(device))
+
+
+# Real devices: where graphs run, and the tolerance graph vs eager is held to there. The tiny model
+# accumulates in float64 and rounds once to float32, so a row does not depend on its batch; the
+# tolerance covers library kernels that pick another reduction order for another batch size.
+# "cuda": Camb/MACA specs on lmdeploy's CUDA runner (an NVIDIA GPU stands in for their CUDA-style graph
+# API; run on the H200). "npu": Ascend on the installed torch_npu's NPUGraph and real attention ops,
+# with the emulated KV fill on the device (defined for the Ascend hardware workflow, never run here).
+REAL_BACKENDS = {"cuda": "cuda", "npu": "npu"}  # --graph-backend -> torch device
+REAL_TOLERANCE = (1e-5, 1e-6)  # (rtol, atol) on float32 hidden states and KV bytes
 
 
 def run(vendor: str, seed: int, *, generation: str | None = None, attention: str = "fia", steps: int = 64,
-        num_seqs: int = 20, max_batches: int | None = None, query_len: int = 1) -> SideBySide:
-    """One seeded schedule of ``steps`` decode steps on the simulator, eager and graph side by side.
+        num_seqs: int = 20, max_batches: int | None = None, query_len: int = 1,
+        backend: str = "sim") -> SideBySide:
+    """One seeded schedule of ``steps`` decode steps, eager and graph side by side.
 
-    Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run lmdeploy's own CUDA
-    graph runner on the simulator's CUDA-style graph API. Inspect ``.mismatches`` afterwards.
+    ``backend="sim"``: Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run
+    lmdeploy's own CUDA graph runner on the simulator's CUDA-style graph API; every check is bitwise.
+    ``backend="cuda"``: Camb and MACA buffer specs on lmdeploy's CUDA graph runner with real CUDA graphs
+    (an NVIDIA GPU stands in for the vendors' CUDA-style graph API); hidden states and KV within
+    :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
     ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
     see :class:`~vendor_graph.testing.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
     """
@@ -194,23 +240,82 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
 
     from . import sim
 
+    if backend != "sim" and (backend not in REAL_BACKENDS or (vendor == "ascend") != (backend == "npu")):
+        raise ValueError(f"{vendor} on backend {backend!r}: real devices run Camb/MACA specs on 'cuda' and "
+                         f"Ascend on 'npu'")
     vendor_graph.uninstall()  # one vendor per process: this schedule's
     importlib.import_module(f"vendor_graph.{vendor}").activate()
-    if vendor == "ascend":
+    device = "npu" if backend == "sim" else REAL_BACKENDS[backend]
+    if backend == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        kernels.register_for("PrivateUse1")
+        device_api = contextlib.nullcontext()
+    elif backend != "sim":
+        device_api = contextlib.nullcontext()
+    elif vendor == "ascend":
         device_api = sim.use_torch_npu(generation)
     else:
         device_api = sim.cuda_graph_api()
     with device_api, torch.inference_mode():
         streams = torch.npu if vendor == "ascend" else torch.cuda
         with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
-            model = tm.TinyDecoder(vendor, ascend_attention=attention, device="npu")
+            model = tm.TinyDecoder(vendor, ascend_attention=attention, device=device)
             configs = lmdeploy_configs(vendor, model, max_batches or num_seqs, query_len=query_len)
             with step_manager(vendor, configs.model_config, query_len=query_len) as mgr:
                 texts = prompts(num_seqs, seed)
-                pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr),
-                                  eager=tm.DecodeSession(model, texts, device="npu", seed=seed, query_len=query_len),
-                                  graph=tm.DecodeSession(model, texts, device="npu", seed=seed, query_len=query_len))
-                sim.reset_counters()
+                pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr, device),
+                                  eager=tm.DecodeSession(model, texts, device=device, seed=seed, query_len=query_len),
+                                  graph=tm.DecodeSession(model, texts, device=device, seed=seed, query_len=query_len),
+                                  tolerance=None if backend == "sim" else REAL_TOLERANCE)
+                if backend == "sim":
+                    sim.reset_counters()
                 pair.run(schedule(num_seqs, steps, seed), retirements(num_seqs, steps, seed))
-                pair.counters = sim.counters.snapshot()
+                if backend == "sim":
+                    pair.counters = sim.counters.snapshot()
     return pair
+
+
+@contextlib.contextmanager
+def ascend_pair(generation: str = "G5", *, num_seqs: int = 6, seed: int = 0, attention: str = "fia",
+                max_batches: int | None = None):
+    """A side-by-side pair (not yet stepped) whose runner is built by lmdeploy's patched Ascend builder
+    on the simulated torch_npu of ``generation``: for tests that step it themselves."""
+    import vendor_graph
+
+    from . import sim
+
+    vendor_graph.uninstall()
+    importlib.import_module("vendor_graph.ascend").activate()
+    with sim.use_torch_npu(generation), torch.inference_mode(), torch.npu.stream(torch.npu.Stream()):
+        model = tm.TinyDecoder("ascend", ascend_attention=attention, device="npu")
+        configs = lmdeploy_configs("ascend", model, max_batches or num_seqs)
+        with step_manager("ascend", configs.model_config) as mgr:
+            texts = prompts(num_seqs, seed)
+            yield SideBySide(model=model, runner=_build_runner("ascend", model, configs, mgr),
+                             eager=tm.DecodeSession(model, texts, device="npu", seed=seed),
+                             graph=tm.DecodeSession(model, texts, device="npu", seed=seed))
+
+
+@contextlib.contextmanager
+def cuda_style_pair(vendor: str = "camb", backend: str = "sim", *, num_seqs: int = 6, seed: int = 0,
+                    max_batches: int | None = None):
+    """A side-by-side pair (not yet stepped) on lmdeploy's CUDA runner as the vendor's patched builder
+    adopts it, for Camb or MACA, on the simulator's CUDA-style graph API or real CUDA graphs."""
+    import vendor_graph
+
+    from . import sim
+
+    vendor_graph.uninstall()
+    importlib.import_module(f"vendor_graph.{vendor}").activate()
+    device = "npu" if backend == "sim" else REAL_BACKENDS[backend]
+    device_api = sim.cuda_graph_api() if backend == "sim" else contextlib.nullcontext()
+    with device_api, torch.inference_mode(), torch.cuda.stream(torch.cuda.Stream()):
+        model = tm.TinyDecoder(vendor, device=device)
+        configs = lmdeploy_configs(vendor, model, max_batches or num_seqs)
+        with step_manager(vendor, configs.model_config) as mgr:
+            texts = prompts(num_seqs, seed)
+            yield SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr, device),
+                             eager=tm.DecodeSession(model, texts, device=device, seed=seed),
+                             graph=tm.DecodeSession(model, texts, device=device, seed=seed),
+                             tolerance=None if backend == "sim" else REAL_TOLERANCE)

@@ -150,15 +150,15 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: f
     mask = allowed.reshape(b, 1, 1, s, -1)
     # Unused slots may hold anything, NaN included: keep them out of both products.
     anywhere = allowed.any(dim=1).reshape(b, -1, 1, 1)
-    k = torch.where(anywhere, k, torch.zeros((), dtype=k.dtype))
-    v = torch.where(anywhere, value.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    k = torch.where(anywhere, k, 0.0)
+    v = torch.where(anywhere, value.to(torch.float64), 0.0)
     scores = torch.einsum("bskgd,bpkd->bkgsp", q, k) * scale
-    scores = torch.where(mask, scores, torch.full((), float("-inf"), dtype=scores.dtype))
+    scores = torch.where(mask, scores, float("-inf"))
     peak = scores.amax(dim=-1, keepdim=True)
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros((), dtype=peak.dtype))
-    weights = torch.where(mask, torch.exp(scores - peak), torch.zeros((), dtype=scores.dtype))
+    peak = torch.where(torch.isfinite(peak), peak, 0.0)
+    weights = torch.where(mask, torch.exp(scores - peak), 0.0)
     total = weights.sum(dim=-1, keepdim=True)
-    probs = weights / torch.where(total > 0, total, torch.ones((), dtype=total.dtype))
+    probs = weights / torch.where(total > 0, total, 1.0)
     out = torch.einsum("bkgsp,bpkd->bskgd", probs, v).reshape(b, s, n, -1)
     lse = (peak + torch.log(total)).reshape(b, n, s)
     return out.to(query.dtype), lse.to(torch.float32)
@@ -207,7 +207,7 @@ def _masked_slot_write(flat: Tensor, rows: Tensor, index: Tensor) -> None:
     safe = index.clamp(min=0)
     to_zero = live & (index == 0)
     order = torch.arange(index.numel(), dtype=torch.int64, device=index.device)
-    last = torch.where(to_zero, order, torch.zeros((), dtype=torch.int64)).amax().reshape(1)
+    last = torch.where(to_zero, order, 0).amax().reshape(1)
     slot0_after = torch.where(to_zero.any(), rows.index_select(0, last)[0], flat[0])
     shape = (-1,) + (1,) * (rows.dim() - 1)
     src = torch.where(live.view(shape), rows, slot0_after.unsqueeze(0))
@@ -560,8 +560,20 @@ def _register(namespace: str, schema: str, kernel, fake) -> None:
     lib = _lib(namespace)
     lib.define(schema)
     lib.impl(head, kernel, "CPU")
+    lib.impl(head, kernel, "CUDA")  # the same composite math on a GPU (real-graph conformance)
     torch.library.register_fake(qualname, fake, lib=lib)
     REGISTERED.append(qualname)
+    _DEVICE_IMPLS.append((lib, head, kernel))
+
+
+_DEVICE_IMPLS: list = []
+
+
+def register_for(dispatch_key: str) -> None:
+    """Also run the emulated operators on ``dispatch_key`` (``"PrivateUse1"`` for a real NPU). Not done
+    at import: on the simulator, PrivateUse1 is the simulated device, whose tensors unwrap to CPU."""
+    for lib, head, kernel in _DEVICE_IMPLS:
+        lib.impl(head, kernel, dispatch_key)
 
 
 def register() -> list[str]:

@@ -181,13 +181,21 @@ class BlockAllocator:
 # the model
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def _linear(x: Tensor, weight: Tensor) -> Tensor:
+    # float32 (the pinned model): float64 accumulation, so a row's result does not depend on its batch.
+    # bf16/fp16 weights (benchmark-sized models, ``dtype=torch.bfloat16``): a plain GEMM in that dtype.
+    if weight.dtype in _HALF:
+        return torch.nn.functional.linear(x, weight)
     return torch.nn.functional.linear(x.to(torch.float64), weight.to(torch.float64)).to(x.dtype)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    xd = x.to(torch.float64)
-    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)).to(x.dtype)
+    acc = torch.float32 if weight.dtype in _HALF else torch.float64
+    xd = x.to(acc)
+    return (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.to(acc)).to(x.dtype)
 
 
 class _Layer(nn.Module):
