@@ -3,8 +3,9 @@
 ``sim`` (default, CI) runs on vendor_graph's CPU graph simulator, bitwise. ``cuda`` runs the Camb and
 MACA buffer specs on lmdeploy's CUDA runner with real CUDA graphs on an NVIDIA GPU, ``npu`` the Ascend
 runner on the installed torch_npu (never run here); both with a stated tolerance and equal greedy
-tokens. Checks that need the simulator itself (simulated torch_npu generations, device-op counts) skip
-on real devices; ``mlu`` and ``maca`` skip with the reason.
+tokens; ``maca`` and ``mlu`` run the Camb/MACA checks like ``cuda`` on MetaX and Cambricon devices
+(never run). Checks that need the simulator itself (simulated torch_npu generations, device-op counts)
+skip on real devices.
 """
 
 import importlib.util
@@ -29,9 +30,12 @@ def _available(backend: str) -> str | None:
         import torch
 
         return None if torch.cuda.is_available() else "no CUDA device"
-    if backend == "npu":
-        return None if importlib.util.find_spec("torch_npu") else "torch_npu is not installed"
-    return None
+    if backend == "maca":  # MetaX's torch build presents itself as CUDA
+        import torch
+
+        return None if torch.cuda.is_available() else "no MACA device (torch.cuda.is_available() is False)"
+    module = {"npu": "torch_npu", "mlu": "torch_mlu"}[backend]
+    return None if importlib.util.find_spec(module) else f"{module} is not installed"
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +46,7 @@ def graph_backend(request):
         pytest.skip(f"--graph-backend={backend}: {why}")
     from vendor_graph.testing.harness import REAL_BACKENDS
 
-    if backend != "sim" and backend not in REAL_BACKENDS:
-        pytest.skip(f"--graph-backend={backend}: the harness drives real graphs on {sorted(REAL_BACKENDS)} only "
-                    f"(MLU and MACA graph APIs are not wired into it yet)")
+    assert backend == "sim" or backend in REAL_BACKENDS, f"--graph-backend={backend} has no harness path"
     if backend == "sim":
         from vendor_graph.testing import sim
 
@@ -54,9 +56,11 @@ def graph_backend(request):
 
 @pytest.fixture
 def cuda_style_backend(graph_backend):
-    """Camb/MACA specs on lmdeploy's CUDA runner: the simulator or real CUDA graphs."""
-    if graph_backend not in ("sim", "cuda"):
-        pytest.skip(f"Camb/MACA specs run on sim or cuda, not --graph-backend={graph_backend}")
+    """Camb/MACA specs on lmdeploy's CUDA runner: the simulator or a CUDA-style device."""
+    from vendor_graph.testing.harness import CUDA_STYLE_BACKENDS
+
+    if graph_backend not in ("sim", *CUDA_STYLE_BACKENDS):
+        pytest.skip(f"Camb/MACA specs run on lmdeploy's CUDA runner, not --graph-backend={graph_backend}")
     return graph_backend
 
 

@@ -217,9 +217,12 @@ def _build_runner(vendor: str, model: tm.TinyDecoder, configs: Configs, mgr, dev
 # accumulates in float64 and rounds once to float32, so a row does not depend on its batch; the
 # tolerance covers library kernels that pick another reduction order for another batch size.
 # "cuda": Camb/MACA specs on lmdeploy's CUDA runner (an NVIDIA GPU stands in for their CUDA-style graph
-# API; run on the H200). "npu": Ascend on the installed torch_npu's NPUGraph and real attention ops,
-# with the emulated KV fill on the device (defined for the Ascend hardware workflow, never run here).
-REAL_BACKENDS = {"cuda": "cuda", "npu": "npu"}  # --graph-backend -> torch device
+# API; run on the H200). "maca": the same path on MetaX, whose torch build presents itself as CUDA.
+# "mlu": the same path on Cambricon, torch.cuda mapped to torch.mlu by torch_mlu's GPU migration.
+# "npu": Ascend on the installed torch_npu's NPUGraph and real attention ops. The emulated kernels run
+# on the device; maca, mlu and npu are defined for the hardware workflows and have never run.
+REAL_BACKENDS = {"cuda": "cuda", "maca": "cuda", "mlu": "mlu", "npu": "npu"}  # --graph-backend -> torch device
+CUDA_STYLE_BACKENDS = ("cuda", "maca", "mlu")
 REAL_TOLERANCE = (1e-5, 1e-6)  # (rtol, atol) on float32 hidden states and KV bytes
 
 
@@ -231,8 +234,9 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     ``backend="sim"``: Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run
     lmdeploy's own CUDA graph runner on the simulator's CUDA-style graph API; every check is bitwise.
     ``backend="cuda"``: Camb and MACA buffer specs on lmdeploy's CUDA graph runner with real CUDA graphs
-    (an NVIDIA GPU stands in for the vendors' CUDA-style graph API); hidden states and KV within
-    :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
+    (an NVIDIA GPU stands in for the vendors' CUDA-style graph API); ``"maca"`` / ``"mlu"`` the same on
+    those devices; ``"npu"``: Ascend on the installed torch_npu. Real devices: hidden states and KV
+    within :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
     ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
     see :class:`~vendor_graph.testing.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
     """
@@ -241,22 +245,14 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     from . import sim
 
     if backend != "sim" and (backend not in REAL_BACKENDS or (vendor == "ascend") != (backend == "npu")):
-        raise ValueError(f"{vendor} on backend {backend!r}: real devices run Camb/MACA specs on 'cuda' and "
-                         f"Ascend on 'npu'")
+        raise ValueError(f"{vendor} on backend {backend!r}: real devices run Camb/MACA specs on "
+                         f"{', '.join(CUDA_STYLE_BACKENDS)} and Ascend on 'npu'")
     vendor_graph.uninstall()  # one vendor per process: this schedule's
     importlib.import_module(f"vendor_graph.{vendor}").activate()
     device = "npu" if backend == "sim" else REAL_BACKENDS[backend]
-    if backend == "npu":
-        import torch_npu  # noqa: F401  (registers torch.npu)
-
-        kernels.register_for("PrivateUse1")
-        device_api = contextlib.nullcontext()
-    elif backend != "sim":
-        device_api = contextlib.nullcontext()
-    elif vendor == "ascend":
-        device_api = sim.use_torch_npu(generation)
-    else:
-        device_api = sim.cuda_graph_api()
+    device_api = real_device(backend) if backend != "sim" else None
+    if backend == "sim":
+        device_api = sim.use_torch_npu(generation) if vendor == "ascend" else sim.cuda_graph_api()
     with device_api, torch.inference_mode():
         streams = torch.npu if vendor == "ascend" else torch.cuda
         with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
@@ -274,6 +270,20 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
                 if backend == "sim":
                     pair.counters = sim.counters.snapshot()
     return pair
+
+
+def real_device(backend: str):
+    """Prepare a real device backend (import its torch extension, run the emulated kernels on it)."""
+    if backend == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        kernels.register_for("PrivateUse1")
+    elif backend == "mlu":
+        import torch_mlu  # noqa: F401  (registers torch.mlu)
+        import torch_mlu.utils.gpu_migration  # noqa: F401  (torch.cuda.* -> torch.mlu.*, as lmdeploy's runner calls it)
+
+        kernels.register_for("PrivateUse1")
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -309,7 +319,7 @@ def cuda_style_pair(vendor: str = "camb", backend: str = "sim", *, num_seqs: int
     vendor_graph.uninstall()
     importlib.import_module(f"vendor_graph.{vendor}").activate()
     device = "npu" if backend == "sim" else REAL_BACKENDS[backend]
-    device_api = sim.cuda_graph_api() if backend == "sim" else contextlib.nullcontext()
+    device_api = sim.cuda_graph_api() if backend == "sim" else real_device(backend)
     with device_api, torch.inference_mode(), torch.cuda.stream(torch.cuda.Stream()):
         model = tm.TinyDecoder(vendor, device=device)
         configs = lmdeploy_configs(vendor, model, max_batches or num_seqs)
