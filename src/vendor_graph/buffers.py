@@ -461,13 +461,7 @@ class BufferSpec:
             st = fields.get(f.name)
             if st is not None and static:
                 continue  # made at capture, content fixed: nothing to check or write
-            if st is not None and type(src) is torch.Tensor:
-                # steady state: an extent this buffer has seen after the same previous extent
-                plan = st.plans.get((src.shape, st.high_water))
-                if plan is not None:
-                    writes.append((st, src, src.shape, plan))
-                    continue
-            write = self._check_source(f, state, src)
+            write = self._planned_write(f, state, st, src)
             if write is not None:
                 writes.append(write)
         if writes:
@@ -497,21 +491,24 @@ class BufferSpec:
                 if src is not None:
                     st = fields[f.name] = self._allocate(f, state.dims, graph_meta.device, src)
                     graph_meta.input_buffers[f.name] = st.tensor
-            if st is not None:
-                if static:
-                    continue
-                if type(src) is torch.Tensor:
-                    plan = st.plans.get((src.shape, st.high_water))
-                    if plan is not None:
-                        writes.append((st, src, src.shape, plan))
-                        continue
-            write = self._check_source(f, state, src)
+            if st is not None and static:
+                continue
+            write = self._planned_write(f, state, st, src)
             if write is not None:
                 writes.append(write)
         if writes:
             self._write(writes)
         self._bind(state, "context", self._context_binds, {"context": context})
         state.sealed = True
+
+    def _planned_write(self, f: BufferField, state: GraphBuffers, st: _FieldState | None, src: Any):
+        """This step's write for one field: the cached plan when the buffer has seen this extent after the
+        same previous one (the steady state), else the checked source; None: nothing to write."""
+        if st is not None and type(src) is torch.Tensor:
+            plan = st.plans.get((src.shape, st.high_water))
+            if plan is not None:
+                return st, src, src.shape, plan
+        return self._check_source(f, state, src)
 
     @staticmethod
     def _bind(state: GraphBuffers, which: str, binds: tuple[tuple[str, Ref], ...], roots: Mapping[str, Any]) -> None:

@@ -58,17 +58,6 @@ def _device_memory() -> int | None:
     return stats.device_memory(torch.cuda)
 
 
-def _snapshot(obj: Any) -> dict[str, Any] | None:
-    state = getattr(obj, "__dict__", None)
-    return dict(state) if state is not None else None
-
-
-def _restore(obj: Any, state: dict[str, Any] | None) -> None:
-    if state is not None:
-        obj.__dict__.clear()
-        obj.__dict__.update(state)
-
-
 class AdoptedRunner:
     """The methods vendor_graph puts in front of lmdeploy's ``CUDAGraphRunner`` (see :func:`adopt`)."""
 
@@ -134,13 +123,12 @@ class AdoptedRunner:
         if self._progress is not None:  # the up-front captures are over
             self._progress.done()
             self._progress = None
-        saved_attn, saved_context = _snapshot(attn_metadata), _snapshot(context)
+        own = faults.StepMetadata(attn_metadata, context)
         try:
             with stats.profile_range(f"{self.label}.replay", real_batch, padded_batch):
                 output = super().__call__(**kwargs)
         except GraphInputsChanged as exc:  # raised by the fill, before the replay: run this step eager
-            _restore(attn_metadata, saved_attn)
-            _restore(context, saved_context)
+            own.restore()
             reason = f"inputs differ from the capture: {exc}"
             if reason not in self.stats.eager_steps:
                 logger.warning("%s: a batch-%d step ran eager: %s", self.label, padded_batch, exc)
@@ -148,8 +136,7 @@ class AdoptedRunner:
         self.stats.replayed(padded_batch, tokens, padded_batch * query_len)
         if self.shadow.due():
             # The eager rerun writes the same K/V values into the same live slots the replay wrote.
-            _restore(attn_metadata, saved_attn)
-            _restore(context, saved_context)
+            own.restore()
             with stats.profile_range(f"{self.label}.shadow", real_batch, padded_batch):
                 eager = self.model.make_output_buffers(self.model(**kwargs))
             problem = self.shadow.compare(output, {"hidden_states": eager["hidden_states"][..., :tokens, :]})
@@ -166,15 +153,14 @@ class AdoptedRunner:
         context = self.ctx_mgr.current_context()
         if self._progress is None and self.stats.replays == 0:  # the up-front captures (lmdeploy's warmup)
             self._progress = self.stats.progress(len(self.get_capture_batch_sizes()))
-        saved_attn, saved_context = _snapshot(attn_metadata), _snapshot(context)
+        own = faults.StepMetadata(attn_metadata, context)
         before = _device_memory()
         start = time.perf_counter()
         try:
             output = super().__call__(**kwargs)
         except Exception as exc:  # noqa: BLE001 - any capture failure: this key runs eager, serving goes on
             graphs.pop(key, None)
-            _restore(attn_metadata, saved_attn)
-            _restore(context, saved_context)
+            own.restore()
             reason = faults.capture_failure_reason(exc)
             self._eager_keys[key] = reason
             self.stats.capture_failed(key[0])

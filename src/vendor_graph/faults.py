@@ -8,10 +8,13 @@ key eager with :func:`capture_failure_reason` and return a correct result for th
   text says out of memory, as vendor runtimes raise it);
 * ``capture_failure_reason(exc, hint)``: the one-line reason stored for the key and logged, with the
   remedy (``hint``: a vendor's translation of its error codes, e.g.
-  ``vendor_graph.npu.limits.explain_capture_error``).
+  ``vendor_graph.npu.limits.explain_capture_error``);
+* ``StepMetadata(attn_metadata, context)`` before a fill, ``.restore()`` before an eager fallback.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -42,4 +45,20 @@ def capture_failure_reason(exc: BaseException, hint: str | None = None) -> str:
     return reason
 
 
-__all__ = ["OOM_REMEDY", "capture_failure_reason", "is_oom"]
+class StepMetadata:
+    """What a step's ``attn_metadata`` and ``StepContext`` hold before a graph's fill re-binds them to the
+    graph's (padded) buffers; :meth:`restore` gives it back, so an eager fallback after a failed capture
+    or a refused replay computes on the step's own metadata. Costs a shallow copy of two ``__dict__``s."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, *objects: Any):
+        self._saved = [(obj, dict(obj.__dict__)) for obj in objects if hasattr(obj, "__dict__")]
+
+    def restore(self) -> None:
+        for obj, state in self._saved:
+            obj.__dict__.clear()
+            obj.__dict__.update(state)
+
+
+__all__ = ["OOM_REMEDY", "StepMetadata", "capture_failure_reason", "is_oom"]

@@ -16,7 +16,6 @@ Nth replay), :mod:`vendor_graph.faults` (a failed capture leaves nothing behind;
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -167,14 +166,11 @@ class AscendGraphRunner(GraphRunner):
             else:
                 self._drop(key)
             return self._capture(key, kwargs)
-        attn_metadata, context = kwargs.get("attn_metadata"), self.ctx_mgr.current_context()
-        saved = [(obj, dict(obj.__dict__)) for obj in (attn_metadata, context) if hasattr(obj, "__dict__")]
+        own = faults.StepMetadata(kwargs.get("attn_metadata"), self.ctx_mgr.current_context())
         try:
             return self._replay(graph, kwargs)
         except GraphInputsChanged as exc:  # raised by the fill, before the replay: this step runs eager
-            for obj, state in saved:  # what the fill may have re-bound to the graph's buffers
-                obj.__dict__.clear()
-                obj.__dict__.update(state)
+            own.restore()
             reason = f"inputs differ from the capture: {exc}"
             if reason not in self.stats.eager_steps:
                 logger.warning("vendor_graph.ascend: a step for %s ran eager: %s", key, exc)
@@ -278,7 +274,7 @@ class AscendGraphRunner(GraphRunner):
             self._progress = self.stats.progress(len(self.capture_sizes))  # the up-front captures (warmup)
         # The fill rebinds attn_metadata's fields to the graph's buffers: keep the step's own for an
         # eager fallback should the warmup forward fail.
-        own_metadata = copy.copy(kwargs.get("attn_metadata"))
+        own = faults.StepMetadata(kwargs.get("attn_metadata"), self.ctx_mgr.current_context())
         graph = AscendSingleGraph(key=key, meta=self._make_meta(key))
         memory_before = stats.device_memory(npu)
         start = time.perf_counter()
@@ -288,8 +284,7 @@ class AscendGraphRunner(GraphRunner):
             warmup = self.model.make_output_buffers(self.model(**padded))  # outside the graph: first-use work
         except Exception as exc:
             self._capture_failed(key, graph, exc, "its warmup forward")
-            if own_metadata is not None:
-                kwargs = dict(kwargs, attn_metadata=own_metadata)
+            own.restore()
             return self._forward_eager(self._eager_reasons[key], **kwargs)
         try:
             self._capture_into(graph, padded, npu, caps, force_task_update=False)
