@@ -22,11 +22,16 @@ for version in $versions; do
   start=$SECONDS
   # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
   contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
-  # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run apart.
+  # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
+  # process, beside the host suites (one core each; each pytest is single-threaded).
   "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy tests/mutations $contract "$@" \
-    || status=1
+    > "$reports/$version-host.log" 2>&1 &
+  host=$!
   "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
+  wait "$host" || status=1
+  echo "--- host suites (tests/unit tests/lmdeploy tests/mutations $contract):"
+  cat "$reports/$version-host.log"
   echo "=== lmdeploy $version: $((SECONDS - start)) s"
 done
 if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then

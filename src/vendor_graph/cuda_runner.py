@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import compat, faults, patching, stats
+from . import compat, faults, patching, stats, switches
 from .buffers import GraphInputsChanged
 from .guard import StaleGraphGuard
 from .shadow import ShadowCheck
@@ -73,6 +73,7 @@ class AdoptedRunner:
         self._warned_oversize = False
         self._progress: stats.CaptureProgress | None = None
         stats.register(self, f"{vendor} graph runner {id(self):#x}")
+        switches.apply_debug()
         _LIVE.add(self)
 
     # -- the step ------------------------------------------------------------------------------------
