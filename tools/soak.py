@@ -59,15 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "schedules": args.count, "first_seed": args.start, "failures": failures,
         "seconds": round(time.time() - started, 1), "configurations": dict(sorted(configs.items())),
-        "lmdeploy": metadata.version("lmdeploy"), "torch": metadata.version("torch"),
-        "python": platform.python_version(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with open(args.out, "w") as fh:
-        json.dump(record, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    _write_record(args.out, record)
     print(f"soak: {args.count - len(failures)} passed, {len(failures)} failed in {record['seconds']} s "
           f"(record: {args.out})")
     return 1 if failures else 0
+
+
+def _write_record(path: str, record: dict) -> None:
+    """The soak record as JSON, with the versions and the time it finished."""
+    record.update(lmdeploy=metadata.version("lmdeploy"), torch=metadata.version("torch"),
+                  python=platform.python_version(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=2, sort_keys=True)
+        fh.write("\n")
 
 
 def soak_property(args: argparse.Namespace) -> int:
@@ -85,12 +90,8 @@ def soak_property(args: argparse.Namespace) -> int:
     record = {
         "property_examples": args.property, "seed": args.start, "failure": failure,
         "seconds": round(time.time() - started, 1),
-        "lmdeploy": metadata.version("lmdeploy"), "torch": metadata.version("torch"),
-        "python": platform.python_version(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with open(args.out, "w") as fh:
-        json.dump(record, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    _write_record(args.out, record)
     print(f"soak --property: {args.property} examples {'FAILED' if failure else 'passed'} in {record['seconds']} s "
           f"(record: {args.out})")
     return 1 if failure else 0

@@ -533,13 +533,18 @@ def copy_between(dst: torch.Tensor, src: Any, non_blocking: bool, func: Any = No
     counters.by_op[name] += 1
     if not non_blocking and not dst_dev:
         rt.sync_current("a blocking device-to-host copy_")
+    _issue_copy(stream, node, non_blocking, "copy_")
+    return dst
+
+
+def _issue_copy(stream: Any, node: OpNode, non_blocking: bool, what: str) -> None:
+    """Run a copy now if its stream is idle (eager drain), else queue it; a blocking copy waits for it."""
     if not stream.queue and _config.eager_drain:
         node.run()
-        return dst
+        return
     rt.enqueue(stream, rt._Deferred(node))
     if not non_blocking:
-        rt.sync_current("a blocking copy_")
-    return dst
+        rt.sync_current(f"a blocking {what}")
 
 
 def _h_foreach_copy(func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -584,12 +589,7 @@ def _h_foreach_copy(func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) 
         counters.by_op["_foreach_copy_.d2h"] += d2h
     if not non_blocking and d2h:
         rt.sync_current("a blocking device-to-host _foreach_copy_")
-    if not stream.queue and _config.eager_drain:
-        node.run()
-        return None
-    rt.enqueue(stream, rt._Deferred(node))
-    if not non_blocking:
-        rt.sync_current("a blocking _foreach_copy_")
+    _issue_copy(stream, node, non_blocking, "_foreach_copy_")
     return None
 
 
