@@ -25,3 +25,13 @@ def _no_vendor_active():
     vendor_graph.uninstall()
     yield
     vendor_graph.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    """Each test reads the settings of its own environment: another test's last parse does not carry over."""
+    from vendor_graph import settings
+
+    settings.clear()
+    yield
+    settings.clear()

@@ -8,7 +8,8 @@ and in every worker process it starts (``VENDOR_GRAPH_VENDOR``, honoured by the 
 
 ``demo`` (the README's main job): the tiny decoder on the CPU graph simulator, eager and graph side by
 side, with the parity verdict and the runner's stats. Where a real torch_npu is installed, the
-simulator runs in a child process with torch's device-backend autoload off.
+simulator runs in a child process with torch's device-backend autoload off. ``--json PATH`` also writes
+the verdict and the runner's counts there.
 
 ``paths``: the torch_npu release -> seq-len update path table.
 
@@ -16,23 +17,112 @@ simulator runs in a child process with torch's device-backend autoload off.
 patch status (whose methods own lmdeploy's CudaGraphMixin now), the capture sizes and the padding
 they cost, the buffers the vendor binds on this lmdeploy release, and a self-check of those buffers
 run through lmdeploy's mixin.
+
+A user error (a bad argument or setting, an unsupported lmdeploy, a second vendor) exits with status 2 and
+one line on stderr naming the fix; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
 
 from . import VENDORS, __version__
+from .buckets import MAX_BATCHES_LIMIT
 
 OP_BACKEND_HINT = {
     "ascend": "lmdeploy's Ascend op backend imports dlinfer, which is not importable here",
 }
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEMO_MODEL = "tiny"  # the decoder the demo builds (vendor_graph.testing.tiny_model)
+MAX_BATCHES_WHY = (f"{MAX_BATCHES_LIMIT} is vendor_graph's bound: lmdeploy's own max_batch_size defaults are "
+                   f"128-1024 (256 on Ascend, Camb and MACA) and every live sequence holds a KV-cache block")
+
+
+class UsageError(Exception):
+    """A command line that cannot run as given: :func:`main` prints it as one line on stderr, exit status 2."""
+
+    def __init__(self, message: str, prog: str | None = None):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)", prog=self.prog)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
+    from . import compat, patching
+
+    errors: list[type[BaseException]] = [UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict]
+    try:
+        from .settings import SettingsError
+    except ImportError:
+        pass
+    else:
+        errors.append(SettingsError)
+    return tuple(errors)
+
+
+def _count_type(flag: str, what: str, default: int | None = None, *, high: int | None = None,
+                why_high: str = "") -> Callable[[str], int]:
+    """An argparse type: an int from 1 (to ``high``), with a message naming ``flag`` and its range."""
+    wanted = f"give {flag} 1 or more" if high is None else f"give {flag} from 1 to {high}"
+    if default is not None:
+        wanted += f" (default {default})"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; {wanted}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{value}: {what}; {wanted}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is too large: {why_high}; {wanted}")
+        return value
+
+    return parse
+
+
+def _generation_type(text: str) -> str:
+    """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
+    from .ascend_versions import GENERATIONS, release_of
+
+    by_name = {g.lower(): g for g in GENERATIONS}
+    if text.strip().lower() in by_name:
+        return by_name[text.strip().lower()]
+    try:
+        release_of(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a torch_npu graph-API generation ({', '.join(GENERATIONS)}) nor a torch_npu "
+            f"release on PyPI; give one of those names or a release string such as 2.5.1 "
+            f"(vendor-graph paths lists every release and its generation)") from None
+    return text
+
+
+def _json_path_type(text: str) -> Path:
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path such as {path / 'demo.json'}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {path.parent} does not exist; create it first")
+    return path
 
 
 def _table(rows: list[dict[str, str]]) -> str:
@@ -57,22 +147,44 @@ def _capture_rows(sizes: list[int]) -> list[dict[str, str]]:
     return rows
 
 
+def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tuple[list[int], str | None]:
+    """The capture sizes ``plan`` shows, and a note on how lmdeploy normalises explicit sizes (None: as given)."""
+    from . import buckets
+
+    if explicit is None:
+        return buckets.capture_sizes(vendor, max_batches), None
+    given = " ".join(map(str, explicit))
+    if min(explicit) > max_batches:
+        raise UsageError(f"--capture-sizes {given}: every size is above --max-batches {max_batches}, so lmdeploy "
+                         f"refuses them; give at least one size <= {max_batches} (sizes above it are dropped)")
+    sizes = buckets.capture_sizes(vendor, max_batches, explicit)
+    changes = []
+    if explicit != sorted(explicit):
+        changes.append("sorted")
+    if len(set(explicit)) < len(explicit):
+        changes.append("repeats removed")
+    dropped = sorted({s for s in explicit if s > max_batches})
+    if dropped:
+        changes.append(f"{', '.join(map(str, dropped))} dropped (above max_batch_size {max_batches})")
+    if max(s for s in explicit if s <= max_batches) != max_batches:
+        changes.append(f"max_batch_size {max_batches} added (always captured)")
+    note = f"--capture-sizes {given} normalised as lmdeploy does: {'; '.join(changes)}" if changes else None
+    return sizes, note
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    from . import buckets, compat, patching
+    from . import compat, patching
 
     vendor = args.vendor
+    sizes, sizes_note = plan_sizes(vendor, args.max_batches, args.capture_sizes)
     print(f"vendor_graph {__version__} plan for vendor {vendor!r}")
     version = compat.installed_lmdeploy_version()
     import torch
 
     print(f"torch {torch.__version__}; lmdeploy {version or 'not installed'}; "
           f"{vendor} supports lmdeploy {', '.join(s + '.x' for s in compat.SUPPORTED_SERIES[vendor])}")
-    try:
-        module = importlib.import_module(f"vendor_graph.{vendor}")
-        module.activate()
-    except compat.UnsupportedLmdeploy as exc:
-        print(f"\nNOT ACTIVE: {exc}")
-        return 2
+    module = importlib.import_module(f"vendor_graph.{vendor}")
+    module.activate()
 
     from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin  # noqa: F401  (patch lands now)
 
@@ -91,10 +203,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for p in activation.patches]
     print(_table(rows))
 
-    sizes = buckets.capture_sizes(vendor, args.max_batches, args.capture_sizes)
     rule = "explicit cudagraph_capture_batch_sizes" if args.capture_sizes else (
         "three-tier Ascend rule" if vendor == "ascend" else "lmdeploy CUDA runner rule")
     print(f"\nCapture plan: max_batch_size {args.max_batches}, {rule}: {len(sizes)} graphs, captured largest first")
+    if sizes_note:
+        print(f"note: {sizes_note}")
     print(_table(_capture_rows(sizes)))
 
     spec = profile.spec
@@ -124,6 +237,31 @@ def demo_needs_child(environ=None) -> bool:
     return environ.get(AUTOLOAD_ENV) != "0" and importlib.util.find_spec("torch_npu") is not None
 
 
+def _dlinfer_in_use(standin_root: Path) -> str | None:
+    """The version of the dlinfer lmdeploy imports here; None for none or the stand-in under ``standin_root``."""
+    spec = importlib.util.find_spec("dlinfer")
+    if spec is None or spec.origin is None or Path(spec.origin).resolve().is_relative_to(standin_root.resolve()):
+        return None
+    for dist in ("dlinfer-ascend", "dlinfer-camb", "dlinfer-maca", "dlinfer"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return "unversioned"
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` atomically: a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UsageError(f"cannot write --json {path}: {exc.strerror or exc}; give a writable path") from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The tiny decoder on the CPU graph simulator, eager and graph side by side."""
     import time
@@ -138,29 +276,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import compat
     from .testing import sim, standins
 
-    standins.use_standin_dlinfer_if_missing()
+    try:
+        standins.use_standin_dlinfer_if_missing()
+    except RuntimeError as exc:  # no dlinfer and no stand-in beside this copy of vendor_graph
+        raise UsageError(str(exc)) from None
     from .testing.harness import REAL_TOLERANCE, run
 
     version = compat.installed_lmdeploy_version()
     vendor = args.vendor
     if compat.series(version) not in compat.SUPPORTED_SERIES[vendor]:
-        print(f"vendor_graph.{vendor} does not support lmdeploy {version}; try --vendor ascend")
-        return 2
+        supporting = compat.vendors_supporting(version)
+        raise UsageError(f"vendor_graph.{vendor} does not support lmdeploy {version}; "
+                         + (f"try --vendor {' or '.join(supporting)}" if supporting else
+                            "install a supported lmdeploy (vendor-graph doctor lists them)"))
     real = args.backend != "sim"
+    generation = torch_npu = None
     if real:
         import torch
 
         if vendor == "ascend":
-            print("--backend cuda runs the Camb and MACA buffer specs on real CUDA graphs: use --vendor camb or "
-                  "maca (Ascend graphs need torch_npu)")
-            return 2
+            raise UsageError("--backend cuda runs the Camb and MACA buffer specs on real CUDA graphs: use --vendor "
+                             "camb or maca (Ascend graphs need torch_npu)")
         if not torch.cuda.is_available():
-            print("--backend cuda needs an NVIDIA GPU (torch.cuda.is_available() is False here)")
-            return 2
+            raise UsageError("--backend cuda needs an NVIDIA GPU (torch.cuda.is_available() is False here); "
+                             "leave --backend out to run on the CPU simulator")
         where = f"lmdeploy's CUDA graph runner on {torch.cuda.get_device_name()}, real CUDA graphs"
         check = f"hidden states and KV within (rtol, atol) = {REAL_TOLERANCE}, greedy tokens equal"
     else:
         sim.install()
+        if vendor == "ascend":
+            torch_npu, generation = sim.resolve(args.generation)
         where = ("the CPU graph simulator, simulated torch_npu " + args.generation if vendor == "ascend"
                  else "the CPU graph simulator, lmdeploy's CUDA graph runner")
         check = "hidden states bitwise, greedy tokens, every KV byte"
@@ -182,49 +327,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     runner = pair.runner
     print("\nGraph stats (vendor_graph.stats)")
     print(runner.stats.summary())
+    seqlen_path = None
     if vendor == "ascend":
         paths = sorted({p for g in runner.graphs().values() for p in g.paths})
-        print(f"seq-len update path: {', '.join(paths) or '-'}; updates issued: {pair.counters['updates']}")
+        seqlen_path = ", ".join(paths) or None
+        print(f"seq-len update path: {seqlen_path or '-'}; updates issued: {pair.counters['updates']}")
     else:
         print(f"runner: {type(runner).__name__} (lmdeploy's CUDA graph runner, adopted by vendor_graph)")
     if real:
         print(f"\n{seconds:.1f} s in all, model build and prefill included")
     else:
         print(f"\n{seconds:.1f} s on the simulator: CPU emulation, not a device speed")
+    if args.json is not None:
+        write_json(args.json, {
+            "parity": not pair.mismatches, "steps": pair.steps, "graph_replays": runner.stats.replays,
+            "eager_steps": sum(runner.stats.eager_steps.values()), "captures": runner.stats.captures,
+            "vendor": vendor, "backend": args.backend, "lmdeploy": str(version), "generation": generation,
+            "torch_npu": torch_npu, "seqlen_path": seqlen_path, "model": DEMO_MODEL,
+            "dlinfer": _dlinfer_in_use(standins.STANDIN_ROOT), "seqs": args.seqs, "seed": args.seed,
+            "vendor_graph": __version__,
+        })
     return 0 if not pair.mismatches else 1
 
 
-def seqlen_ops() -> list[tuple]:
-    """(column name, attention op, overload) of the seq-len path table (and of ``doctor``)."""
-    from .npu.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA
-
-    return [("FIA `.default`", FIA, ".default"), ("FIA `.out`", FIA, ".out"), ("FIA v2 `.out`", FIA_V2, ".out"),
-            ("paged attention", PAGED_ATTENTION, ".default"), ("MLA `.out`", MLA, ".out"),
-            ("paged attention MLA", PAGED_ATTENTION_MLA, ".default")]
-
-
-def seqlen_path_table() -> str:
-    """Markdown: every torch_npu release on PyPI -> the seq-len update path per attention op."""
-    from .ascend_versions import GENERATION_FACTS, RELEASES
-    from .npu.seqlen import path_for
-
-    ops = seqlen_ops()
-    lines = ["| torch_npu | generation | " + " | ".join(name for name, _, _ in ops) + " |",
-             "|---|---|" + "---|" * len(ops)]
-    for release in sorted(RELEASES, key=lambda r: (r.generation, _version_key(r.version))):
-        facts = GENERATION_FACTS[release.generation]
-        lines.append(f"| {release.version} | {release.generation} | "
-                     + " | ".join(path_for(facts, op, overload) for _, op, overload in ops) + " |")
-    return "\n".join(lines)
-
-
-def _version_key(version: str):
-    from packaging.version import Version
-
-    return Version(version)
-
-
 def cmd_paths(args: argparse.Namespace) -> int:
+    from .npu.paths_table import seqlen_path_table
+
     print(seqlen_path_table())
     return 0
 
@@ -243,20 +371,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("vendor-graph run: nothing to run; usage: vendor-graph run --vendor ascend -- lmdeploy serve "
-              "api_server <model> --backend pytorch --device ascend", file=sys.stderr)
-        return 2
+        raise UsageError("nothing to run; usage: vendor-graph run --vendor ascend -- lmdeploy serve api_server "
+                         "<model> --backend pytorch --device ascend")
     env = dict(os.environ)
     env[VENDOR_ENV] = args.vendor
     if env.pop("VENDOR_GRAPH_DISABLE_AUTOLOAD", None) is not None:
         print("vendor-graph run: ignoring VENDOR_GRAPH_DISABLE_AUTOLOAD for this command (it would keep the "
               "vendor off)", file=sys.stderr)
-    from .doctor import _autoload_pth
+    from .doctor import autoload_hook
 
-    where = _autoload_pth()
-    if "NOT" in where:
-        print(f"vendor-graph run: the autoload hook is {where}", file=sys.stderr)
-        return 2
+    hook = autoload_hook()
+    if not hook.installed:
+        raise UsageError(f"the autoload hook is {hook.describe()}")
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -267,15 +393,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execvpe does not return
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="vendor-graph", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default="WARNING")
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": cmd_plan, "paths": cmd_paths, "demo": cmd_demo, "doctor": cmd_doctor, "run": cmd_run,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vendor-graph", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="activate a vendor here and print its capture plan and patch status")
     plan.add_argument("--vendor", choices=VENDORS, default="ascend")
-    plan.add_argument("--max-batches", type=int, default=256, help="lmdeploy's max_batch_size")
-    plan.add_argument("--capture-sizes", type=int, nargs="+", default=None,
+    plan.add_argument("--max-batches", default=256, help="lmdeploy's max_batch_size",
+                      type=_count_type("--max-batches", "lmdeploy's max_batch_size is at least 1", 256,
+                                       high=MAX_BATCHES_LIMIT, why_high=MAX_BATCHES_WHY))
+    plan.add_argument("--capture-sizes", nargs="+", default=None,
+                      type=_count_type("--capture-sizes", "a graph holds at least 1 sequence"),
                       help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy")
     sub.add_parser("paths", help="print the torch_npu release -> seq-len update path table (markdown)")
     doctor = sub.add_parser("doctor", help="check this environment: runtimes, versions, patch owners, settings")
@@ -286,26 +419,67 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command, e.g. lmdeploy serve api_server ...")
     demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator, eager and graph side by side")
     demo.add_argument("--vendor", choices=VENDORS, default="ascend")
-    demo.add_argument("--generation", default="G5", help="simulated torch_npu generation or release (Ascend)")
-    demo.add_argument("--steps", type=int, default=64)
-    demo.add_argument("--seqs", type=int, default=20)
+    demo.add_argument("--generation", default="G5", type=_generation_type,
+                      help="simulated torch_npu (Ascend): a generation G0 ... G5 or a torch_npu release")
+    demo.add_argument("--steps", default=64, type=_count_type(
+        "--steps", "a PASS over no decode step would prove nothing", 64))
+    demo.add_argument("--seqs", default=20, type=_count_type(
+        "--seqs", "the demo decodes at least 1 sequence", 20, high=MAX_BATCHES_LIMIT,
+        why_high=f"the demo's max_batch_size is --seqs, and {MAX_BATCHES_WHY}"))
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=DEMO_BACKENDS, default="sim",
                       help="where graphs are captured and replayed (sim: the CPU graph simulator)")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "plan":
-        return cmd_plan(args)
-    if args.command == "paths":
-        return cmd_paths(args)
-    if args.command == "demo":
-        return cmd_demo(args)
-    if args.command == "doctor":
-        return cmd_doctor(args)
-    if args.command == "run":
-        return cmd_run(args)
-    return 2
+    demo.add_argument("--json", type=_json_path_type, default=None, metavar="PATH",
+                      help="also write the verdict and counts there as JSON")
+    return parser
+
+
+BROKEN_PIPE_STATUS = 128 + getattr(signal, "SIGPIPE", 13)  # what a shell reports for a writer killed by SIGPIPE
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush raises nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _one_line(message: str) -> str:
+    """A message of several lines (a list of problems) as one: items after a colon, then ``; ``-separated."""
+    parts = [line.strip() for line in message.splitlines() if line.strip()]
+    text = parts[0] if parts else ""
+    for part in parts[1:]:
+        text += (" " if text.endswith(":") else "; ") + part
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "vendor-graph"
+    try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        prog = f"vendor-graph {args.command}"
+        logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+        status = COMMANDS[args.command](args)
+        sys.stdout.flush()
+        return status
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`vendor-graph paths | head`): stop quietly, as `cat` does
+        _quiet_stdout()
+        return BROKEN_PIPE_STATUS
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
+        where = exc.prog if isinstance(exc, UsageError) and exc.prog else prog
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
+        print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

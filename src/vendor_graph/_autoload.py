@@ -4,17 +4,17 @@
 interpreter start only when ``VENDOR_GRAPH_VENDOR`` is set; importing ``vendor_graph.<vendor>`` sets
 it, so the workers lmdeploy spawns inherit it. This module imports neither torch nor lmdeploy: it
 waits for lmdeploy's graph module or the vendor's op backend to be imported, and only then activates
-the vendor. ``VENDOR_GRAPH_DISABLE_AUTOLOAD=1`` turns it off.
+the vendor. ``VENDOR_GRAPH_DISABLE_AUTOLOAD=1`` turns it off. A bad vendor or autoload switch is logged
+here and nothing is armed; any other bad setting is raised by the activation, when lmdeploy imports it.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 
-from . import REFERENCE_VENDORS, VENDORS
-from .patching import VENDOR_ENV, when_imported
+from . import REFERENCE_VENDORS, settings
+from .patching import when_imported
 
 _TRIGGERS = (
     "lmdeploy.pytorch.models.utils.cudagraph",
@@ -41,16 +41,16 @@ def _arm(vendor: str) -> None:
 
 
 def _main() -> None:
-    vendor = os.environ.get(VENDOR_ENV, "").strip()
-    if not vendor or os.environ.get("VENDOR_GRAPH_DISABLE_AUTOLOAD") == "1":
+    try:
+        config = settings.load()
+    except settings.SettingsError as exc:
+        if {settings.variable("vendor"), settings.variable("disable_autoload")} & set(exc.names):
+            logging.getLogger("vendor_graph").error("%s; graph mode stays off in this process", exc)
+            return
+        config = exc.partial
+    if config.vendor is None or config.disable_autoload:
         return
-    if vendor not in VENDORS + REFERENCE_VENDORS:
-        logging.getLogger("vendor_graph").error(
-            "%s=%s is not a vendor_graph vendor (one of %s); graph mode stays off in this process",
-            VENDOR_ENV, vendor, ", ".join(VENDORS + REFERENCE_VENDORS),
-        )
-        return
-    _arm(vendor)
+    _arm(config.vendor)
 
 
 _main()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import os
 from dataclasses import dataclass
 from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
+
+from . import settings
 
 # Release series (major.minor) each vendor supports. The .0 release of each is what CI tests.
 SUPPORTED_SERIES: dict[str, tuple[str, ...]] = {
@@ -40,7 +41,7 @@ KNOWN_BREAKAGES: dict[tuple[str, str], str] = {
     ),
 }
 
-ALLOW_UNSUPPORTED_ENV = "VENDOR_GRAPH_ALLOW_UNSUPPORTED_LMDEPLOY"
+ALLOW_UNSUPPORTED_ENV = settings.variable("allow_unsupported_lmdeploy")
 
 CUDAGRAPH_MODULE = "lmdeploy.pytorch.models.utils.cudagraph"
 DLINFER_EXT_PREFIX = "dlinfer.framework.lmdeploy_ext"
@@ -74,8 +75,8 @@ def vendors_supporting(version: Version) -> list[str]:
 def check_lmdeploy_supported(vendor: str, version: Version | None = None) -> Version:
     """Raise :class:`UnsupportedLmdeploy` unless the installed lmdeploy supports ``vendor``.
 
-    ``VENDOR_GRAPH_ALLOW_UNSUPPORTED_LMDEPLOY=1`` turns the refusal into a warning, to try a new
-    release at your own risk (the caller logs it).
+    ``VENDOR_GRAPH_ALLOW_UNSUPPORTED_LMDEPLOY=1`` (in the current settings) turns the refusal into a
+    warning, to try a new release at your own risk (the caller logs it).
     """
     version = installed_lmdeploy_version() if version is None else version
     supported = SUPPORTED_SERIES[vendor]
@@ -93,7 +94,7 @@ def check_lmdeploy_supported(vendor: str, version: Version | None = None) -> Ver
         f"vendor_graph.{vendor} does not support the installed lmdeploy {version}{why}. "
         f"Supported: {listed}. Install one of those, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway."
     )
-    if os.environ.get(ALLOW_UNSUPPORTED_ENV) == "1":
+    if settings.current().allow_unsupported_lmdeploy:
         return version
     raise UnsupportedLmdeploy(message)
 

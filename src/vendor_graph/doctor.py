@@ -4,35 +4,22 @@ Reports the vendor runtimes present, torch and torch_npu (its graph-API generati
 update path per attention op, from the release table: torch_npu is never imported), lmdeploy and
 which vendors support it, whose methods own lmdeploy's ``CudaGraphMixin`` now (vendor_graph's,
 dlinfer's or lmdeploy's own), known upstream breakages for this combination, the worker autoload
-hook, and every ``VENDOR_GRAPH_*`` setting (unknown names are flagged: a typo silently does nothing).
+hook, and every ``VENDOR_GRAPH_*`` setting, read by the parser activation uses (a value activation would
+refuse is a problem, and so is an unknown name: a typo silently does nothing).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
-import os
 import sys
 import sysconfig
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from . import VENDORS, __version__
-
-KNOWN_SETTINGS: dict[str, str] = {
-    "VENDOR_GRAPH_VENDOR": "vendor activated in this process and its workers",
-    "VENDOR_GRAPH_DISABLE": "1: graph mode off, every step eager (buffer patches stay)",
-    "VENDOR_GRAPH_DISABLE_AUTOLOAD": "1: ignore VENDOR_GRAPH_VENDOR at interpreter start",
-    "VENDOR_GRAPH_ALLOW_UNSUPPORTED_LMDEPLOY": "1: activate on an unsupported lmdeploy release",
-    "VENDOR_GRAPH_DEBUG": "1: detailed logs",
-    "VENDOR_GRAPH_SHADOW": "N: every Nth replay also runs eager and is compared",
-    "VENDOR_GRAPH_SHADOW_ACTION": "eager (default) or log: what a shadow divergence does",
-    "VENDOR_GRAPH_SHADOW_TOL": "relative tolerance of the shadow comparison",
-    "VENDOR_GRAPH_GUARD_WEIGHTS_EVERY": "replays between stale-weight checks (default 256, 0 off)",
-    "VENDOR_GRAPH_PROGRESS": "1/0: force the capture progress bar on/off",
-    "VENDOR_GRAPH_NPU_EVENT_BUDGET": "Ascend: ExternalEvents the graphs may hold",
-    "VENDOR_GRAPH_SEQLEN_UPDATE": "Ascend: auto, graph-update or task-update",
-}
+from . import VENDORS, __version__, settings
 
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
@@ -72,13 +59,29 @@ def _owner(value) -> str:
     return module or "?"
 
 
-def _autoload_pth() -> str:
+@dataclass(frozen=True)
+class AutoloadHook:
+    """The worker autoload hook ``vendor_graph_autoload.pth``: where it is installed (None: nowhere)."""
+
+    path: Path | None
+
+    @property
+    def installed(self) -> bool:
+        return self.path is not None
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return f"installed ({self.path})"
+        return ("NOT installed: worker processes will not activate the vendor; reinstall vendor_graph "
+                "(pip install --force-reinstall vendor-graph)")
+
+
+def autoload_hook() -> AutoloadHook:
     for key in ("purelib", "platlib"):
         pth = Path(sysconfig.get_paths()[key]) / "vendor_graph_autoload.pth"
         if pth.exists():
-            return f"installed ({pth})"
-    return ("NOT installed: worker processes will not activate the vendor; reinstall vendor_graph "
-            "(pip install --force-reinstall vendor-graph)")
+            return AutoloadHook(pth)
+    return AutoloadHook(None)
 
 
 def report(vendor: str | None = None) -> tuple[list[str], int]:
@@ -93,8 +96,9 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
         problems += problem
         lines.append(("! " if problem else "  ") + text)
 
-    settings = {k: v for k, v in os.environ.items() if k.startswith("VENDOR_GRAPH_")}  # before any activation
-    env_vendor = settings.get("VENDOR_GRAPH_VENDOR", "").strip() or None
+    readings = settings.readings()  # before any activation exports VENDOR_GRAPH_VENDOR
+    vendor_reading = next((r for r in readings if r.name == settings.variable("vendor")), None)
+    env_vendor = vendor_reading.value if vendor_reading is not None and vendor_reading.problem is None else None
     vendor = vendor or env_vendor
 
     lines.append("\nVendor runtimes")
@@ -148,27 +152,48 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     lines.extend(_owner_lines(vendor))
 
     lines.append("\nWorker processes")
-    add(f"autoload hook vendor_graph_autoload.pth: {_autoload_pth()}", problem="NOT" in _autoload_pth())
-    add(f"VENDOR_GRAPH_VENDOR={env_vendor}: workers activate it when lmdeploy's graph code is imported"
-        if env_vendor else "VENDOR_GRAPH_VENDOR unset: workers activate nothing unless the parent imports "
-        "vendor_graph.<vendor> or runs under `vendor-graph run --vendor <vendor> -- ...`")
+    hook = autoload_hook()
+    add(f"autoload hook vendor_graph_autoload.pth: {hook.describe()}", problem=not hook.installed)
+    if vendor_reading is not None and vendor_reading.problem is not None:
+        add(f"VENDOR_GRAPH_VENDOR={vendor_reading.raw!r} is not a vendor (see the settings below): workers "
+            f"activate nothing")
+    else:
+        add(f"VENDOR_GRAPH_VENDOR={env_vendor}: workers activate it when lmdeploy's graph code is imported"
+            if env_vendor else "VENDOR_GRAPH_VENDOR unset: workers activate nothing unless the parent imports "
+            "vendor_graph.<vendor> or runs under `vendor-graph run --vendor <vendor> -- ...`")
 
     lines.append("\nVENDOR_GRAPH_* settings")
-    if not settings:
-        add("none set (all defaults)")
-    for name in sorted(settings):
-        if name in KNOWN_SETTINGS:
-            add(f"{name}={settings[name]}  ({KNOWN_SETTINGS[name]})")
-        else:
-            add(f"{name}={settings[name]}: not a vendor_graph setting (a typo?); known: "
-                f"{', '.join(sorted(KNOWN_SETTINGS))}", problem=True)
+    for text, problem in settings_lines(readings):
+        add(text, problem=problem)
     lines.append(f"\n{problems} problem(s) found" if problems else "\nno problems found")
     return lines, problems
 
 
+def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
+    """(line, is a problem) for each variable of ``readings`` (:func:`vendor_graph.settings.readings`)."""
+    if not readings:
+        return [("none set (all defaults)", False)]
+    out = []
+    for r in readings:
+        if r.setting is None:
+            near = difflib.get_close_matches(r.name, list(settings.KNOWN), n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            out.append((f"{r.name}={r.raw}: not a vendor_graph setting (a typo?){hint}; known: "
+                        f"{', '.join(sorted(settings.SETTINGS))}", True))
+        elif r.problem is not None:
+            out.append((str(r.problem), True))
+        elif r.setting.scope != "runtime":
+            out.append((f"{r.name}={r.raw}  ({r.setting.scope}, not read by the runtime: {r.setting.meaning})", False))
+        else:
+            shown = r.setting.show(r.value)
+            parsed = "" if shown == r.raw else f" -> {shown}" + ("" if r.raw.strip() else " (the default)")
+            out.append((f"{r.name}={r.raw}{parsed}  ({r.setting.meaning})", False))
+    return out
+
+
 def _torch_npu_lines(version: str) -> list[str]:
-    from .__main__ import seqlen_ops
     from .ascend_versions import GENERATION_FACTS, release_of
+    from .npu.paths_table import seqlen_ops
     from .npu.seqlen import path_for
 
     try:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -41,10 +40,12 @@ from typing import Any
 
 import torch
 
+from . import settings
+
 logger = logging.getLogger("vendor_graph")
 
-WEIGHTS_EVERY_ENV = "VENDOR_GRAPH_GUARD_WEIGHTS_EVERY"
-DEFAULT_WEIGHTS_EVERY = 256
+WEIGHTS_EVERY_ENV = settings.variable("guard_weights_every")
+DEFAULT_WEIGHTS_EVERY = settings.Settings().guard_weights_every
 FOREIGN_KWARGS = ("past_key_values",)
 # lmdeploy passes the cache engine's own list every step: while the containers are the ones verified
 # last and no recorded tensor was freed, a check is O(1); every this many checks it looks inside anyway.
@@ -132,8 +133,7 @@ class StaleGraphGuard:
         self.model = model
         self.foreign = foreign
         if weights_every is None:
-            raw = os.environ.get(WEIGHTS_EVERY_ENV, "").strip()
-            weights_every = int(raw) if raw else DEFAULT_WEIGHTS_EVERY
+            weights_every = settings.current().guard_weights_every
         self.weights_every = max(0, weights_every)
         self._records: dict[Any, _Record] = {}
         self._epoch = 0

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import settings
+
 logger = logging.getLogger("vendor_graph")
 
-VENDOR_ENV = "VENDOR_GRAPH_VENDOR"
+VENDOR_ENV = settings.variable("vendor")
 _MISSING = object()
 
 
@@ -255,8 +257,11 @@ def active() -> Activation | None:
 
 
 def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
-    """Install ``vendor`` (idempotent); ``setup`` registers the vendor's patches on the activation."""
+    """Install ``vendor`` (idempotent); ``setup`` registers the vendor's patches on the activation.
+
+    Parses the settings (:class:`~vendor_graph.settings.SettingsError` when a value is not accepted)."""
     global _active
+    requested = settings.load().vendor
     with _lock:
         if _active is not None:
             if _active.vendor == vendor:
@@ -266,11 +271,10 @@ def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
                 f"vendor_graph.{vendor}. One process drives one accelerator vendor: import only one, or "
                 f"call vendor_graph.uninstall() first"
             )
-        current_env = os.environ.get(VENDOR_ENV)
-        if current_env and current_env != vendor:
+        if requested is not None and requested != vendor:
             raise VendorConflict(
-                f"{VENDOR_ENV}={current_env} asks for vendor_graph.{current_env}, but vendor_graph.{vendor} "
-                f"was imported; unset {VENDOR_ENV} or import vendor_graph.{current_env}"
+                f"{VENDOR_ENV}={requested} asks for vendor_graph.{requested}, but vendor_graph.{vendor} "
+                f"was imported; unset {VENDOR_ENV} or import vendor_graph.{requested}"
             )
         activation = Activation(vendor=vendor)
         _active = activation
@@ -280,7 +284,7 @@ def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
             _uninstall_locked()
             raise
         after_each_import(_dlinfer_prefix(), lambda module: _reassert(f"after import of {module.__name__}"))
-        if current_env is None:
+        if requested is None:
             os.environ[VENDOR_ENV] = vendor
             activation.exported_env = True
         logger.info("vendor_graph.%s active", vendor)

@@ -62,6 +62,9 @@ class SelfCheckReport:
 
 def run(spec: BufferSpec, graph_batch: int, num_blocks: int = 8) -> SelfCheckReport:
     """Fill one graph of ``graph_batch`` rows with shrinking live batches through lmdeploy's mixin."""
+    for name, value in (("graph_batch", graph_batch), ("num_blocks", num_blocks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"self-check {name} must be a positive int, got {value!r}")
     from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMeta, CudaGraphMixin
 
     class Model(CudaGraphMixin):

@@ -15,7 +15,7 @@ eager run may legitimately differ in the last bits (padding changes kernel tilin
 
 Runner-agnostic API:
 
-* ``self.shadow = ShadowCheck()`` in ``__init__`` (reads the environment);
+* ``self.shadow = ShadowCheck()`` in ``__init__`` (reads the current settings);
 * after a replay: ``if self.shadow.due():`` run ``eager = model.make_output_buffers(model(**padded))``
   on the filled kwargs, then ``problem = self.shadow.compare(graph_outputs, eager_outputs)`` on the
   live part of both (``model.get_outputs_cudagraph(buffers, **kwargs)``); ``problem`` is None when
@@ -29,17 +29,18 @@ steps).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from . import settings
+
 logger = logging.getLogger("vendor_graph")
 
-SHADOW_ENV = "VENDOR_GRAPH_SHADOW"
-ACTION_ENV = "VENDOR_GRAPH_SHADOW_ACTION"
-TOL_ENV = "VENDOR_GRAPH_SHADOW_TOL"
+SHADOW_ENV = settings.variable("shadow")
+ACTION_ENV = settings.variable("shadow_action")
+TOL_ENV = settings.variable("shadow_tol")
 ACTIONS = ("eager", "log")
 DEFAULT_TOL = {torch.float32: 1e-5, torch.float64: 1e-9, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
@@ -48,19 +49,13 @@ class ShadowCheck:
     """Every ``every``-th call of :meth:`due` is a checked step (0: never)."""
 
     def __init__(self, every: int | None = None, action: str | None = None, tolerance: float | None = None):
-        if every is None:
-            raw = os.environ.get(SHADOW_ENV, "").strip()
-            try:
-                every = int(raw) if raw else 0
-            except ValueError:
-                raise ValueError(f"{SHADOW_ENV}={raw!r}: expected a whole number N (check every Nth decode "
-                                 f"step), or 0/unset for off") from None
-        if action is None:
-            action = os.environ.get(ACTION_ENV, "").strip() or "eager"
+        if every is None or action is None or tolerance is None:
+            config = settings.current()
+            every = config.shadow if every is None else every
+            action = config.shadow_action if action is None else action
+            tolerance = config.shadow_tol if tolerance is None else tolerance
         if action not in ACTIONS:
             raise ValueError(f"{ACTION_ENV}={action!r}: expected one of {', '.join(ACTIONS)}")
-        if tolerance is None and os.environ.get(TOL_ENV, "").strip():
-            tolerance = float(os.environ[TOL_ENV])
         self.every = max(0, every)
         self.action = action
         self.tolerance = tolerance

@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
@@ -36,9 +35,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import settings
+
 logger = logging.getLogger("vendor_graph")
 
-PROGRESS_ENV = "VENDOR_GRAPH_PROGRESS"  # 1: always draw the capture bar; 0: never (default: on a terminal)
+PROGRESS_ENV = settings.variable("progress")  # on: always draw the capture bar; off: never (default: on a terminal)
 
 
 @dataclass
@@ -153,10 +154,8 @@ class CaptureProgress:
         self.stream = stream if stream is not None else sys.stderr
         self.started = time.perf_counter()
         self.finished = False
-        forced = os.environ.get(PROGRESS_ENV, "").strip()
-        if forced in ("0", "1"):
-            wanted = forced == "1"
-        else:
+        wanted = settings.current().progress
+        if wanted is None:
             wanted = bool(getattr(self.stream, "isatty", lambda: False)())
         self.visible = wanted and total > 1
 

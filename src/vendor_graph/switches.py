@@ -1,4 +1,4 @@
-"""Process-wide switches read from the environment, shared by every runner.
+"""Process-wide switches from the settings (:mod:`vendor_graph.settings`), shared by every runner.
 
 * ``VENDOR_GRAPH_DISABLE=1``: graph mode off, every step eager, said once per process. The buffer
   patches stay installed (from lmdeploy 0.17 its own ``CudaGraphMixin`` fill does not work on these
@@ -13,25 +13,21 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
-DISABLE_ENV = "VENDOR_GRAPH_DISABLE"
-DEBUG_ENV = "VENDOR_GRAPH_DEBUG"
+from . import settings
+
+DISABLE_ENV = settings.variable("disable")
+DEBUG_ENV = settings.variable("debug")
 
 logger = logging.getLogger("vendor_graph")
 _LOCK = threading.Lock()
 _ANNOUNCED = False
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
 
 
 def disabled() -> bool:
-    """Whether ``VENDOR_GRAPH_DISABLE`` turns graph mode off (read each time: cheap, and testable)."""
-    return _flag(DISABLE_ENV)
+    """Whether ``VENDOR_GRAPH_DISABLE`` turns graph mode off (in the current settings)."""
+    return settings.current().disable
 
 
 def announce_disabled(where: str = "") -> None:
@@ -45,13 +41,14 @@ def announce_disabled(where: str = "") -> None:
                    "installed); unset it to capture graphs again", DISABLE_ENV, f" ({where})" if where else "")
 
 
-DEBUG = _flag(DEBUG_ENV)
+DEBUG = False
 
 
 def apply_debug() -> bool:
-    """Re-read ``VENDOR_GRAPH_DEBUG``; when set, make the ``vendor_graph`` logger emit DEBUG records."""
+    """Take ``VENDOR_GRAPH_DEBUG`` from the current settings; when on, make the ``vendor_graph`` logger emit
+    DEBUG records."""
     global DEBUG
-    DEBUG = _flag(DEBUG_ENV)
+    DEBUG = settings.current().debug
     if DEBUG:
         logger.setLevel(logging.DEBUG)
         if not logger.handlers and not logging.getLogger().handlers:

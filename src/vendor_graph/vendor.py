@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import compat, lifecycle, patching, switches
+from . import compat, lifecycle, patching, settings, switches
 from .buffers import BufferSpec
 from .compat import LmdeployApi
 
@@ -122,6 +122,7 @@ def guard_runner(runner: Any) -> Any:
 def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
     @functools.wraps(original)
     def build_graph_runner(model, model_config, cache_config, backend_config, device, *args, **kwargs):
+        settings.load()  # what the runner reads; a value not accepted fails the build, not a later capture
         patching.ensure_owned("before building the graph runner")
         if switches.disabled():  # VENDOR_GRAPH_DISABLE=1: every runner eager; the buffer patches stay
             switches.announce_disabled(f"{profile.name} graph runner")
@@ -142,7 +143,9 @@ def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
 
 
 def install(profile: VendorProfile) -> patching.Activation:
-    """Activate ``profile`` in this process (idempotent; another vendor already active is an error)."""
+    """Activate ``profile`` in this process (idempotent; another vendor already active is an error, and so
+    is a ``VENDOR_GRAPH_*`` value not accepted: :class:`~vendor_graph.settings.SettingsError`)."""
+    settings.load()
     version = compat.check_lmdeploy_supported(profile.name)
     if compat.series(version) not in compat.SUPPORTED_SERIES[profile.name]:
         logger.warning(

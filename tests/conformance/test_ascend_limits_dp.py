@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from vendor_graph import settings
 from vendor_graph.npu import limits
 from vendor_graph.npu.seqlen import GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE
 
@@ -73,17 +74,22 @@ def test_no_event_paths_never_drop():
 
 def test_budget_from_the_environment(monkeypatch):
     monkeypatch.delenv(limits.EVENT_BUDGET_ENV, raising=False)
+    settings.load()  # as activation and every runner build do
     assert limits.event_budget() == limits.DEFAULT_EVENT_BUDGET
     monkeypatch.setenv(limits.EVENT_BUDGET_ENV, "100")
+    settings.load()
     assert limits.event_budget() == 100
     assert limits.fit_capture_sizes(50, ASCEND_SIZES_64).kept == [48, 64]
     for off in ("0", "off"):
         monkeypatch.setenv(limits.EVENT_BUDGET_ENV, off)
+        settings.load()
         assert limits.event_budget() is None
         assert limits.fit_capture_sizes(10_000, ASCEND_SIZES_64).kept == ASCEND_SIZES_64
     monkeypatch.setenv(limits.EVENT_BUDGET_ENV, "lots")
     with pytest.raises(ValueError, match=limits.EVENT_BUDGET_ENV):
-        limits.event_budget()
+        settings.load()
+    with pytest.raises(ValueError, match=limits.EVENT_BUDGET_ENV):
+        limits.event_budget(os.environ)
 
 
 # -- ACL capture errors -------------------------------------------------------------------------------

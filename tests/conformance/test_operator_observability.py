@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from vendor_graph import patching, stats, switches
+from vendor_graph import patching, settings, stats, switches
 from vendor_graph.testing import harness
 
 
@@ -88,6 +88,7 @@ def test_debug_logs_each_step(sim_backend, monkeypatch, caplog):
                 pair.step([0, 1, 2])
     finally:
         monkeypatch.delenv("VENDOR_GRAPH_DEBUG")
+        settings.load()
         switches.apply_debug()
         logging.getLogger("vendor_graph").setLevel(logging.NOTSET)
     assert caplog.text.count("replayed GraphKey(padded_batch=4") == 2

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import vendor_graph
-from vendor_graph import compat, patching
+from vendor_graph import compat, patching, settings
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 SUPPORTED_HERE = compat.vendors_supporting(compat.installed_lmdeploy_version())
@@ -192,6 +192,7 @@ def test_unsupported_release_is_refused_with_versions_named(monkeypatch):
     with pytest.raises(compat.UnsupportedLmdeploy, match=r"0\.18\.0: lmdeploy 0\.18\.0's CambOpsBackend"):
         compat.check_lmdeploy_supported("camb", Version("0.18.0"))
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "1")
+    settings.load()  # as activation does
     assert compat.check_lmdeploy_supported("camb", Version("0.19.0")) == Version("0.19.0")
 
 

@@ -1,8 +1,12 @@
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vendor_graph.buckets import (
+    MAX_BATCHES_LIMIT,
+    BucketTypeError,
     ascend_bucket,
     ascend_capture_sizes,
     capture_sizes,
@@ -120,3 +124,94 @@ def test_explicit_sizes_properties(sizes, max_batches):
     got = explicit_capture_sizes(sizes, max_batches)
     assert got == sorted(set(got)) and got[-1] == max_batches
     assert set(got) == {s for s in sizes if s <= max_batches} | {max_batches}
+
+
+class Index:
+    """An integer that is not an int (as a numpy int is): usable through ``__index__``."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@pytest.mark.parametrize("bad", [2.5, 4.0, float("nan"), float("inf"), True, False, None, "4"])
+def test_batch_must_be_an_int(bad):
+    sizes = ascend_capture_sizes(48)
+    with pytest.raises(TypeError, match="batch must be an int"):
+        pad_to_bucket(sizes, bad)
+    with pytest.raises(TypeError, match="batch must be an int"):
+        ascend_bucket(bad)
+
+
+@pytest.mark.parametrize("bad", [2.5, float("nan"), True, None])
+def test_max_batches_type_errors_are_type_errors(bad):
+    for policy in (ascend_capture_sizes, cuda_capture_sizes):
+        with pytest.raises(TypeError, match="max_batches must be an int"):
+            policy(bad)
+    with pytest.raises(TypeError, match="max_batches"):
+        explicit_capture_sizes([4], bad)
+    with pytest.raises(TypeError, match="max_batches"):
+        capture_sizes("ascend", bad)
+
+
+def test_integers_with_index_are_accepted():
+    assert pad_to_bucket([1, 2, 4], Index(3)) == 4
+    assert ascend_bucket(Index(17)) == 32
+    assert ascend_capture_sizes(Index(16)) == [1, 2, 4, 8, 16]
+    assert explicit_capture_sizes([Index(8), 2], Index(8)) == [2, 8]
+
+
+@pytest.mark.parametrize("bad", [[4, 2, 8], [1, 2, 2, 4], [0, 2], [-1, 4]])
+def test_pad_to_bucket_refuses_sizes_not_strictly_ascending(bad):
+    with pytest.raises(ValueError, match="not positive and strictly ascending"):
+        pad_to_bucket(bad, 3)
+
+
+@pytest.mark.parametrize("bad", [[1, 2.5, 4], [1, True, 4], [1, float("nan")], [1, None]])
+def test_pad_to_bucket_refuses_sizes_that_are_not_ints(bad):
+    with pytest.raises(TypeError, match="capture sizes must be ints"):
+        pad_to_bucket(bad, 1)
+
+
+def test_pad_to_bucket_checks_a_list_again_once_it_changed():
+    sizes = [1, 2, 4, 8]
+    assert pad_to_bucket(sizes, 3) == 4 and pad_to_bucket(sizes, 3) == 4
+    sizes[1] = 16
+    with pytest.raises(ValueError, match="strictly ascending"):
+        pad_to_bucket(sizes, 3)
+    sizes[1:] = [2, 4.5, 8]
+    with pytest.raises(TypeError, match="capture sizes must be ints"):
+        pad_to_bucket(sizes, 3)
+    assert pad_to_bucket((1, 3, 9), 4) == 9
+
+
+@pytest.mark.parametrize("bad", [[2.5], [4, 2.0], [True], [float("nan")], ["8"]])
+def test_explicit_sizes_that_are_not_ints_are_type_errors(bad):
+    with pytest.raises(TypeError, match="cudagraph_capture_batch_sizes must be positive ints"):
+        explicit_capture_sizes(bad, 16)
+
+
+def test_huge_max_batches_fails_fast_with_the_reason():
+    start = time.perf_counter()
+    for policy in (ascend_capture_sizes, cuda_capture_sizes, lambda m: explicit_capture_sizes([4], m),
+                   lambda m: capture_sizes("maca", m)):
+        for huge in (MAX_BATCHES_LIMIT + 1, 100_000_000, 10**18):
+            with pytest.raises(ValueError, match=f"above {MAX_BATCHES_LIMIT}.*max_batch_size defaults"):
+                policy(huge)
+    with pytest.raises(ValueError, match=f"more than {MAX_BATCHES_LIMIT} sizes"):
+        explicit_capture_sizes(range(1, 10**12), 16)
+    assert time.perf_counter() - start < 5
+    assert ascend_capture_sizes(MAX_BATCHES_LIMIT)[-1] == MAX_BATCHES_LIMIT
+    assert len(cuda_capture_sizes(MAX_BATCHES_LIMIT)) < 300
+
+
+def test_capture_sizes_refuses_an_unknown_vendor():
+    with pytest.raises(ValueError, match="no capture-size rule for vendor 'banana'"):
+        capture_sizes("banana", 16)
+    assert capture_sizes("cuda", 16) == capture_sizes("camb", 16) == cuda_capture_sizes(16)
+
+
+def test_type_errors_are_still_value_errors_for_existing_callers():
+    assert issubclass(BucketTypeError, TypeError) and issubclass(BucketTypeError, ValueError)

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vendor_graph import ascend_versions
+from vendor_graph import ascend_versions, settings
 from vendor_graph.npu import seqlen
 from vendor_graph.npu.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
 
@@ -62,12 +62,15 @@ def test_installed_release_is_read_without_importing_torch_npu(monkeypatch):
 def test_forced_path(monkeypatch):
     caps = seqlen.Capabilities("2.9.0", "G3a", dict(ascend_versions.GENERATION_FACTS["G3a"]), "table")
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "task-update")
+    settings.load()  # as activation and every runner build do
     assert caps.path(FIA) == "task-update"
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "auto")
+    settings.load()
     assert caps.path(FIA) == "graph-update"
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "sometimes")
     with pytest.raises(ValueError, match="use auto, graph-update or task-update"):
-        caps.path(FIA)
+        settings.load()  # refused where the settings are parsed, before any capture
+    assert caps.path(FIA) == "graph-update"  # the settings in force stay those of the last parse that passed
 
 
 def _npu_module(graph_api=True, update=True, auto_dispatch=True, tasks=True, event=True):

@@ -25,35 +25,25 @@ conservative for 910-class devices if they share the pool, possibly too high for
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .. import settings
 from .seqlen import GRAPH_UPDATE, PATHS, TASK_UPDATE
 
-EVENT_BUDGET_ENV = "VENDOR_GRAPH_NPU_EVENT_BUDGET"
-DEFAULT_EVENT_BUDGET = 1920
+EVENT_BUDGET_ENV = settings.variable("npu_event_budget")
+DEFAULT_EVENT_BUDGET = settings.Settings().npu_event_budget
 # Paths whose captured tasks each hold one ExternalEvent (and one task group) for the graph's lifetime.
 EVENT_PATHS = frozenset({GRAPH_UPDATE, TASK_UPDATE})
 
 
 def event_budget(environ: Mapping[str, str] | None = None) -> int | None:
-    """The budget from ``VENDOR_GRAPH_NPU_EVENT_BUDGET`` (default :data:`DEFAULT_EVENT_BUDGET`); None: no limit."""
-    env = os.environ if environ is None else environ
-    raw = env.get(EVENT_BUDGET_ENV, "").strip().lower()
-    if raw == "":
-        return DEFAULT_EVENT_BUDGET
-    if raw in ("0", "off", "none", "unlimited"):
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{EVENT_BUDGET_ENV}={raw!r}: use a positive integer (events per device), or 0/off for "
-                         f"no limit; unset for the default {DEFAULT_EVENT_BUDGET}")
-    return value
+    """``VENDOR_GRAPH_NPU_EVENT_BUDGET`` (default :data:`DEFAULT_EVENT_BUDGET`; None: no limit) in the current
+    settings, or in ``environ`` when given."""
+    if environ is None:
+        return settings.current().npu_event_budget
+    return settings.declared("npu_event_budget").parse(environ.get(EVENT_BUDGET_ENV))
 
 
 def events_per_graph(num_attention_layers: int, paths: str | Iterable[str] | Mapping[str, str] = TASK_UPDATE) -> int:
@@ -88,6 +78,8 @@ class CaptureBudget:
     needed: int = 0  # events for every requested size
     budget: int | None = DEFAULT_EVENT_BUDGET
     message: str | None = None  # None when nothing was dropped
+    # Why graph mode is off when no size fits (the eager steps' reason); None when one fits.
+    off_reason: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -116,9 +108,13 @@ def fit_capture_sizes(num_attention_layers: int, capture_sizes: Sequence[int],
     affordable = budget // per_graph
     kept = sorted(sorted(sizes, reverse=True)[:affordable])
     dropped = [s for s in sizes if s not in kept]
+    off_reason = None if kept else (
+        f"{EVENT_BUDGET_ENV}={budget}: not even one decode graph fits (each needs {per_graph} ExternalEvents); "
+        f"raise it to {per_graph} or more, or set it to 0 for no limit")
     return CaptureBudget(kept=kept, dropped=dropped, per_graph=per_graph, graphs_per_size=graphs_per_size,
                          needed=needed, budget=budget,
-                         message=_message(sizes, kept, dropped, per_graph, num_attention_layers, needed, budget))
+                         message=_message(sizes, kept, dropped, per_graph, num_attention_layers, needed, budget),
+                         off_reason=off_reason)
 
 
 def _message(sizes, kept, dropped, per_graph, layers, needed, budget) -> str:

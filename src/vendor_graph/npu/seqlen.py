@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import ascend_versions
+from .. import ascend_versions, settings
 
 logger = logging.getLogger("vendor_graph")
 
-SEQLEN_UPDATE_ENV = "VENDOR_GRAPH_SEQLEN_UPDATE"
+SEQLEN_UPDATE_ENV = settings.variable("seqlen_update")
 GRAPH_UPDATE = "graph-update"
 TASK_UPDATE = "task-update"
 NO_UPDATE = "none"
@@ -119,13 +118,9 @@ def seqlen_update_path(version: str | None = None) -> str:
 
 
 def forced_path() -> str | None:
-    """The path ``VENDOR_GRAPH_SEQLEN_UPDATE`` forces, or None for ``auto`` / unset."""
-    value = os.environ.get(SEQLEN_UPDATE_ENV, "auto").strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value not in (GRAPH_UPDATE, TASK_UPDATE):
-        raise ValueError(f"{SEQLEN_UPDATE_ENV}={value!r}: use auto, {GRAPH_UPDATE} or {TASK_UPDATE}")
-    return value
+    """The path ``VENDOR_GRAPH_SEQLEN_UPDATE`` forces in the current settings, or None for ``auto``."""
+    value = settings.current().seqlen_update
+    return None if value == "auto" else value
 
 
 def probe_facts(npu_module: Any) -> dict[str, Any]:

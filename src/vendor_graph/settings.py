@@ -1,0 +1,358 @@
+"""Every ``VENDOR_GRAPH_*`` environment variable, declared once and parsed by one function.
+
+Each field of :class:`Settings` is one variable (``shadow_tol``: ``VENDOR_GRAPH_SHADOW_TOL``), declared
+there with its kind, default and meaning. :func:`load` parses the environment when a vendor activates,
+when the autoload hook runs in a worker and when a graph runner is built; everything else reads
+:func:`current`, the frozen result of the latest parse. Names only the repository's scripts, tests or
+simulator read are listed in :data:`TOOLING`, so that ``vendor-graph doctor`` knows them. Imports
+neither torch nor lmdeploy: the autoload hook reads this module at interpreter start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import REFERENCE_VENDORS, VENDORS
+
+PREFIX = "VENDOR_GRAPH_"
+
+
+# -- kinds: how a variable's text becomes a value --------------------------------------------------------
+
+
+class Kind:
+    """Parses a variable's stripped, non-empty text; raises ValueError for text it does not accept."""
+
+    accepted = ""  # what it accepts, for errors and the doctor
+    advice = ""  # how to write a good value
+
+    def parse(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    accepted = "1/0, true/false, yes/no or on/off (any case)"
+    advice = "use 1 (on) or 0 (off)"
+
+    def parse(self, text: str) -> bool:
+        word = text.lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+
+    def show(self, value: Any) -> str:
+        return "on" if value else "off"
+
+
+@dataclass(frozen=True)
+class Whole(Kind):
+    minimum: int = 0
+    off: tuple[str, ...] = ()  # words (any case) that give None, which the setting's ``none`` describes
+
+    @property
+    def accepted(self) -> str:
+        return f"a whole number N >= {self.minimum}"
+
+    @property
+    def advice(self) -> str:
+        return f"write a whole number >= {self.minimum} in digits"
+
+    def parse(self, text: str) -> int | None:
+        if text.lower() in self.off:
+            return None
+        value = int(text)
+        if value < self.minimum:
+            raise ValueError(text)
+        return value
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    minimum: float = 0.0
+
+    @property
+    def accepted(self) -> str:
+        return f"a finite number >= {self.minimum:g}"
+
+    @property
+    def advice(self) -> str:
+        return f"write a finite number >= {self.minimum:g}, such as 0.01 or 1e-3"
+
+    def parse(self, text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value) or value < self.minimum:
+            raise ValueError(text)
+        return value
+
+    def show(self, value: Any) -> str:
+        return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    values: tuple[str, ...]
+
+    @property
+    def accepted(self) -> str:
+        return f"one of {', '.join(self.values)} (any case)"
+
+    @property
+    def advice(self) -> str:
+        return f"use {', '.join(self.values[:-1])} or {self.values[-1]}"
+
+    def parse(self, text: str) -> str:
+        word = text.lower()
+        if word not in self.values:
+            raise ValueError(text)
+        return word
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    accepted = "any text"
+
+    def parse(self, text: str) -> str:
+        return text
+
+
+FLAG = Flag()
+
+
+# -- declarations ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared variable. ``kind`` None: a name the runtime never reads (``scope`` says whose it is)."""
+
+    name: str
+    meaning: str
+    kind: Kind | None = None
+    default: Any = None
+    none: str = "unset"  # what the value None means, in words
+    scope: str = "runtime"  # runtime, tooling (scripts and tests) or simulator
+    field: str = ""  # its attribute on Settings
+
+    def parse(self, raw: str | None) -> Any:
+        """The value of ``raw`` (None: unset); :class:`SettingsError` when it is not accepted."""
+        text = (raw or "").strip()
+        if self.kind is None:
+            return text
+        if not text:
+            return self.default
+        try:
+            return self.kind.parse(text)
+        except ValueError:
+            raise SettingsError([Problem(self, raw or "")]) from None
+
+    def show(self, value: Any) -> str:
+        if value is None:
+            return self.none
+        return self.kind.show(value) if self.kind is not None else str(value)
+
+    @property
+    def accepted(self) -> str:
+        off = getattr(self.kind, "off", ())
+        return self.kind.accepted + (f", or {'/'.join(off)} for {self.none}" if off else "")
+
+    @property
+    def advice(self) -> str:
+        off = getattr(self.kind, "off", ())
+        return self.kind.advice + (f", or {off[0]} for {self.none}" if off else "")
+
+
+def _declare(kind: Kind, default: Any, meaning: str, *, none: str = "unset") -> Any:
+    return dataclasses.field(default=default, metadata={"kind": kind, "meaning": meaning, "none": none})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed settings: each field is ``VENDOR_GRAPH_`` and its name in capitals."""
+
+    vendor: str | None = _declare(Choice(VENDORS + REFERENCE_VENDORS), None,
+                                  "vendor activated in this process and its workers", none="none")
+    disable_autoload: bool = _declare(FLAG, False, "on: ignore VENDOR_GRAPH_VENDOR at interpreter start")
+    allow_unsupported_lmdeploy: bool = _declare(FLAG, False, "on: activate on an unsupported lmdeploy release")
+    disable: bool = _declare(FLAG, False, "on: graph mode off, every step eager (buffer patches stay)")
+    debug: bool = _declare(FLAG, False, "on: detailed logs")
+    shadow: int = _declare(Whole(), 0, "N: every Nth replay also runs eager and is compared (0: off)")
+    shadow_action: str = _declare(Choice(("eager", "log")), "eager",
+                                  "eager (default) or log: what a shadow divergence does")
+    shadow_tol: float | None = _declare(Number(), None, "relative tolerance of the shadow comparison",
+                                        none="by dtype")
+    guard_weights_every: int = _declare(Whole(), 256, "replays between stale-weight checks (default 256, 0 off)")
+    progress: bool | None = _declare(FLAG, None, "on/off: force the capture progress bar on/off",
+                                     none="on a terminal")
+    npu_event_budget: int | None = _declare(Whole(minimum=1, off=("0", "off", "none", "unlimited")), 1920,
+                                            "Ascend: ExternalEvents the graphs may hold", none="no limit")
+    seqlen_update: str = _declare(Choice(("auto", "graph-update", "task-update")), "auto",
+                                  "Ascend: auto, graph-update or task-update")
+
+
+def _runtime_settings() -> dict[str, Setting]:
+    declared = {}
+    for f in dataclasses.fields(Settings):
+        name = PREFIX + f.name.upper()
+        declared[name] = Setting(name, f.metadata["meaning"], f.metadata["kind"], f.default, f.metadata["none"],
+                                 field=f.name)
+    return declared
+
+
+SETTINGS: dict[str, Setting] = _runtime_settings()
+TOOLING: dict[str, Setting] = {s.name: s for s in (
+    Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
+            scope="simulator"),
+    Setting("VENDOR_GRAPH_VENV", "the virtualenv scripts/setup-env.sh, test.sh and demo.sh use", scope="tooling"),
+    Setting("VENDOR_GRAPH_LMDEPLOY_VERSIONS", "the lmdeploy releases scripts/test.sh tests", scope="tooling"),
+    Setting("VENDOR_GRAPH_SKIP_OLDEST_TORCH", "1: scripts/test.sh leaves out the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_OLDEST_VENV", "the virtualenv of the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_OLDEST_TORCH", "the torch release of the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_OLDEST_LMDEPLOY", "the lmdeploy release of the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_OLDEST_TORCH_LEG", "1: the tests run as the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_WHEEL_CACHE", "where tests keep the torch_npu wheels they download", scope="tooling"),
+    Setting("VENDOR_GRAPH_NETWORK_TESTS", "1: run the tests that download from PyPI", scope="tooling"),
+    Setting("VENDOR_GRAPH_REEXTRACT", "the torch_npu releases the manifest re-extraction test checks",
+            scope="tooling"),
+    Setting("VENDOR_GRAPH_RANDOM_SCHEDULES", "random schedules the conformance suite runs", scope="tooling"),
+    Setting("VENDOR_GRAPH_PROPERTY_EXAMPLES", "examples the property tests run", scope="tooling"),
+    Setting("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "seeded schedules per decode-parity case", scope="tooling"),
+)}
+KNOWN: dict[str, Setting] = {**SETTINGS, **TOOLING}
+_BY_FIELD = {s.field: s for s in SETTINGS.values()}
+
+
+def declared(field: str) -> Setting:
+    """The declaration of :class:`Settings` field ``field``."""
+    return _BY_FIELD[field]
+
+
+def variable(field: str) -> str:
+    """The environment variable of :class:`Settings` field ``field``."""
+    return _BY_FIELD[field].name
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A variable whose value is not accepted."""
+
+    setting: Setting
+    raw: str
+
+    @property
+    def name(self) -> str:
+        return self.setting.name
+
+    def __str__(self) -> str:
+        s = self.setting
+        return (f"{s.name}={self.raw!r}: expected {s.accepted} [{s.meaning}]. Fix: {s.advice}, or unset it for "
+                f"the default ({s.show(s.default)})")
+
+
+class SettingsError(ValueError):
+    """One or more ``VENDOR_GRAPH_*`` values are not accepted; the message names each, and its fix.
+
+    ``partial``: the settings with the default in place of each value not accepted.
+    """
+
+    def __init__(self, problems: Iterable[Problem], partial: Settings | None = None):
+        self.problems = tuple(problems)
+        self.partial = partial
+        if len(self.problems) == 1:
+            message = str(self.problems[0])
+        else:
+            message = f"{len(self.problems)} {PREFIX}* settings are not accepted:" + "".join(
+                f"\n  {p}" for p in self.problems)
+        super().__init__(message)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.problems)
+
+    def __reduce__(self):
+        return type(self), (self.problems, self.partial)
+
+
+# -- parsing -----------------------------------------------------------------------------------------------
+
+
+def parse(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of ``environ`` (default ``os.environ``); :class:`SettingsError` naming every bad value."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for setting in SETTINGS.values():
+        try:
+            values[setting.field] = setting.parse(env.get(setting.name))
+        except SettingsError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise SettingsError(problems, Settings(**values))
+    return Settings(**values)
+
+
+_current: Settings | None = None
+
+
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse now and make the result :func:`current` (unchanged when parsing fails)."""
+    global _current
+    _current = parse(environ)
+    return _current
+
+
+def current() -> Settings:
+    """The settings of the latest :func:`load` (loaded now if there was none)."""
+    return _current if _current is not None else load()
+
+
+def clear() -> None:
+    """Forget the current settings: the next :func:`current` parses the environment again."""
+    global _current
+    _current = None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One ``VENDOR_GRAPH_*`` variable as set: its declaration (None: unknown), its value or its problem."""
+
+    name: str
+    raw: str
+    setting: Setting | None
+    value: Any = None
+    problem: Problem | None = None
+
+
+def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
+    """Every ``VENDOR_GRAPH_*`` variable set in ``environ`` (default ``os.environ``), by name, through
+    the parser :func:`parse` uses."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(k for k in env if k.startswith(PREFIX)):
+        raw, setting = env[name], KNOWN.get(name)
+        if setting is None:
+            out.append(Reading(name, raw, None))
+            continue
+        try:
+            out.append(Reading(name, raw, setting, setting.parse(raw)))
+        except SettingsError as exc:
+            out.append(Reading(name, raw, setting, problem=exc.problems[0]))
+    return out
+
+
+__all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Choice", "Flag", "Kind", "Number", "Problem", "Reading",
+           "Setting", "Settings", "SettingsError", "Text", "Whole", "clear", "current", "declared", "load", "parse",
+           "readings", "variable"]

@@ -1,0 +1,424 @@
+"""vendor_graph.settings: every VENDOR_GRAPH_* variable parsed once, strictly and uniformly, and the
+places that read it (activation, autoload, runner build, the doctor)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+import pickle
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vendor_graph import doctor, patching, settings, switches
+from vendor_graph.settings import SettingsError
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "src" / "vendor_graph"
+FLAGS = [s.name for s in settings.SETTINGS.values() if isinstance(s.kind, settings.Flag)]
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+MISSPELT = {"VENDOR_GRAPH_SHADWO"}  # a test's deliberate typo, which the doctor must flag
+
+
+def _parse(**env: str) -> settings.Settings:
+    return settings.parse({f"VENDOR_GRAPH_{k}": v for k, v in env.items()})
+
+
+def _error(**env: str) -> SettingsError:
+    with pytest.raises(SettingsError) as info:
+        _parse(**env)
+    return info.value
+
+
+# -- the rules -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FLAGS)
+def test_every_boolean_takes_every_spelling_in_any_case_with_spaces(name):
+    field = settings.KNOWN[name].field
+    for words, expected in ((TRUE_WORDS, True), (FALSE_WORDS, False)):
+        for word in words:
+            for text in (word, word.upper(), word.capitalize(), f"  {word}\t"):
+                assert getattr(settings.parse({name: text}), field) is expected, (name, text)
+
+
+@pytest.mark.parametrize("name", FLAGS)
+def test_any_other_boolean_text_is_an_error_naming_value_accepted_and_fix(name):
+    for text in ("2", "-1", "enabled", "y", "tru"):
+        with pytest.raises(SettingsError) as info:
+            settings.parse({name: text})
+        message = str(info.value)
+        assert message.startswith(f"{name}={text!r}: expected 1/0, true/false, yes/no or on/off"), message
+        assert "Fix: use 1 (on) or 0 (off)" in message and "unset it for the default" in message
+
+
+def test_disable_2_is_an_error_not_ignored():
+    assert "VENDOR_GRAPH_DISABLE='2': expected 1/0" in str(_error(DISABLE="2"))
+    assert _parse(DISABLE="Yes").disable is True
+
+
+def test_allow_unsupported_lmdeploy_accepts_true_like_every_boolean(monkeypatch):
+    from packaging.version import Version
+
+    from vendor_graph import compat
+
+    assert _parse(ALLOW_UNSUPPORTED_LMDEPLOY="true").allow_unsupported_lmdeploy is True
+    monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "true")
+    settings.load()
+    assert compat.check_lmdeploy_supported("camb", Version("0.19.0")) == Version("0.19.0")
+    monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "no")
+    settings.load()
+    with pytest.raises(compat.UnsupportedLmdeploy):
+        compat.check_lmdeploy_supported("camb", Version("0.19.0"))
+
+
+def test_empty_or_blank_is_the_default_for_every_setting():
+    for blank in ("", "   ", "\t"):
+        assert settings.parse({name: blank for name in settings.SETTINGS}) == settings.Settings()
+
+
+def test_strings_are_stripped_and_choices_take_any_case():
+    parsed = _parse(VENDOR=" Ascend\n", SHADOW_ACTION=" LOG ", SEQLEN_UPDATE="\tTask-Update ", SHADOW=" 3 ")
+    assert (parsed.vendor, parsed.shadow_action, parsed.seqlen_update, parsed.shadow) == (
+        "ascend", "log", "task-update", 3)
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "-0.5", "abc", "1e-3x"])
+def test_shadow_tolerance_must_be_a_finite_number_at_least_zero(text):
+    message = str(_error(SHADOW_TOL=text))
+    assert message.startswith(f"VENDOR_GRAPH_SHADOW_TOL={text!r}: expected a finite number >= 0"), message
+    assert "Fix:" in message and "by dtype" in message
+
+
+def test_a_valid_shadow_tolerance_reaches_the_check(monkeypatch):
+    from vendor_graph.shadow import ShadowCheck
+
+    assert _parse(SHADOW_TOL="0").shadow_tol == 0.0
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW_TOL", " 1e-3 ")
+    settings.load()
+    tolerance = ShadowCheck().tolerance
+    assert math.isfinite(tolerance) and tolerance == 1e-3
+
+
+@pytest.mark.parametrize("name", ["SHADOW", "GUARD_WEIGHTS_EVERY"])
+@pytest.mark.parametrize("text", ["-1", "x", "2.5", "1e3", "true"])
+def test_counts_are_whole_numbers_at_least_zero(name, text):
+    message = str(_error(**{name: text}))
+    assert message.startswith(f"VENDOR_GRAPH_{name}={text!r}: expected a whole number N >= 0"), message
+    assert "Fix: write a whole number >= 0 in digits" in message
+
+
+def test_zero_keeps_its_meaning_off(monkeypatch):
+    from vendor_graph.guard import DEFAULT_WEIGHTS_EVERY, StaleGraphGuard
+    from vendor_graph.shadow import ShadowCheck
+
+    settings.load({})
+    assert StaleGraphGuard(None).weights_every == DEFAULT_WEIGHTS_EVERY == 256
+    assert not ShadowCheck().enabled
+    monkeypatch.setenv("VENDOR_GRAPH_GUARD_WEIGHTS_EVERY", "0")
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "0")
+    settings.load()
+    assert StaleGraphGuard(None).weights_every == 0
+    assert not ShadowCheck().enabled
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "4")
+    settings.load()
+    assert ShadowCheck().every == 4
+
+
+def test_event_budget_words_and_range():
+    assert _parse().npu_event_budget == 1920
+    for off in ("0", "off", "OFF", "none", "unlimited"):
+        assert _parse(NPU_EVENT_BUDGET=off).npu_event_budget is None
+    assert _parse(NPU_EVENT_BUDGET="1").npu_event_budget == 1
+    for bad in ("-1", "lots", "1.5"):
+        message = str(_error(NPU_EVENT_BUDGET=bad))
+        assert "expected a whole number N >= 1, or 0/off/none/unlimited for no limit" in message, message
+
+
+def test_progress_takes_booleans_and_is_automatic_when_unset(monkeypatch):
+    import io
+
+    from vendor_graph.stats import CaptureProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for text, on_a_pipe, on_a_terminal in (("yes", True, True), ("OFF", False, False), ("", False, True)):
+        monkeypatch.setenv("VENDOR_GRAPH_PROGRESS", text)
+        settings.load()
+        assert CaptureProgress(3, stream=io.StringIO()).visible is on_a_pipe, text
+        assert CaptureProgress(3, stream=Terminal()).visible is on_a_terminal, text
+    assert "VENDOR_GRAPH_PROGRESS='auto': expected 1/0" in str(_error(PROGRESS="auto"))
+
+
+def test_every_bad_value_is_reported_in_one_error():
+    error = _error(DISABLE="2", SHADOW="-1", SHADOW_TOL="nan", VENDOR="banana", DEBUG="1")
+    assert error.names == ("VENDOR_GRAPH_VENDOR", "VENDOR_GRAPH_DISABLE", "VENDOR_GRAPH_SHADOW",
+                           "VENDOR_GRAPH_SHADOW_TOL")
+    message = str(error)
+    assert message.startswith("4 VENDOR_GRAPH_* settings are not accepted:")
+    for fragment in ("VENDOR_GRAPH_DISABLE='2'", "VENDOR_GRAPH_SHADOW='-1'", "VENDOR_GRAPH_SHADOW_TOL='nan'",
+                     "VENDOR_GRAPH_VENDOR='banana'"):
+        assert fragment in message
+    assert error.partial == dataclasses.replace(settings.Settings(), debug=True)  # the good one parsed
+    assert isinstance(error, ValueError)
+    copy = pickle.loads(pickle.dumps(error))  # crosses process boundaries (lmdeploy's workers)
+    assert str(copy) == message and copy.names == error.names
+
+
+def test_an_unknown_vendor_lists_the_vendors_and_suggests_no_import_of_it():
+    message = str(_error(VENDOR="banana"))
+    assert "expected one of ascend, camb, maca, cuda" in message
+    assert "use ascend, camb, maca or cuda" in message
+    assert "vendor_graph.banana" not in message
+
+
+def test_settings_are_frozen_and_current_is_the_last_good_parse(monkeypatch):
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "2")
+    loaded = settings.load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.shadow = 3
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "5")
+    assert settings.current() is loaded and settings.current().shadow == 2  # read once, not at every use
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "often")
+    with pytest.raises(SettingsError):
+        settings.load()
+    assert settings.current() is loaded
+    settings.clear()
+    with pytest.raises(SettingsError):
+        settings.current()  # parses lazily when nothing was loaded
+    monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "5")
+    assert settings.current().shadow == 5
+
+
+def test_each_field_is_its_variable_and_the_modules_use_those_names():
+    from vendor_graph import compat, guard, shadow, stats
+    from vendor_graph.npu import limits, seqlen
+
+    assert [s.name for s in settings.SETTINGS.values()] == [
+        "VENDOR_GRAPH_" + f.name.upper() for f in dataclasses.fields(settings.Settings)]
+    assert (patching.VENDOR_ENV, compat.ALLOW_UNSUPPORTED_ENV, switches.DISABLE_ENV, switches.DEBUG_ENV,
+            shadow.SHADOW_ENV, shadow.ACTION_ENV, shadow.TOL_ENV, guard.WEIGHTS_EVERY_ENV, stats.PROGRESS_ENV,
+            limits.EVENT_BUDGET_ENV, seqlen.SEQLEN_UPDATE_ENV) == tuple(
+        settings.variable(f) for f in ("vendor", "allow_unsupported_lmdeploy", "disable", "debug", "shadow",
+                                       "shadow_action", "shadow_tol", "guard_weights_every", "progress",
+                                       "npu_event_budget", "seqlen_update"))
+    assert settings.declared("shadow_action").kind.values == shadow.ACTIONS
+    assert settings.declared("seqlen_update").kind.values == ("auto", seqlen.GRAPH_UPDATE, seqlen.TASK_UPDATE)
+    assert limits.DEFAULT_EVENT_BUDGET == 1920
+
+
+def _names_in(paths) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        for name in re.findall(r"VENDOR_GRAPH_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")):
+            found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_name_the_runtime_reads_is_a_declared_setting():
+    runtime = [p for p in SOURCE.rglob("*.py")
+               if "testing" not in p.relative_to(SOURCE).parts and p != SOURCE / "settings.py"]
+    unknown = {n: w for n, w in _names_in(runtime).items() if n not in settings.SETTINGS}
+    assert not unknown, unknown
+
+
+def test_every_name_in_the_repository_is_known_to_the_registry():
+    suffixes = {".py", ".sh", ".md", ".toml", ".yml", ".yaml", ".cfg", ".ini"}
+    files = [p for d in ("src", "tests", "scripts", "tools", "benchmarks", ".github", ".ci") if (ROOT / d).is_dir()
+             for p in (ROOT / d).rglob("*") if p.is_file() and (p.suffix in suffixes or p.parent.name == ".ci")]
+    files += [p for p in ROOT.glob("*") if p.is_file() and p.suffix in suffixes]
+    unknown = {n: w for n, w in _names_in(files).items() if n not in settings.KNOWN and n not in MISSPELT}
+    assert not unknown, unknown
+    assert settings.KNOWN["VENDOR_GRAPH_TORCH_NPU_MANIFESTS"].scope == "simulator"
+    assert {settings.KNOWN[n].scope for n in ("VENDOR_GRAPH_NETWORK_TESTS", "VENDOR_GRAPH_WHEEL_CACHE",
+                                                "VENDOR_GRAPH_VENV", "VENDOR_GRAPH_SKIP_OLDEST_TORCH",
+                                                "VENDOR_GRAPH_LMDEPLOY_VERSIONS")} == {"tooling"}
+
+
+# -- where the settings are parsed ------------------------------------------------------------------------
+
+
+class _Runner:
+    def __call__(self, **kwargs):
+        return kwargs
+
+
+def _builder():
+    from types import SimpleNamespace
+
+    from vendor_graph import vendor
+
+    built = []
+
+    def original(model, model_config, cache_config, backend_config, device):
+        built.append(backend_config)
+        return _Runner()
+
+    profile = vendor.VendorProfile(name="ascend", build_spec=lambda api: None)
+    wrapped = vendor._wrap_builder(profile, original)
+    return (lambda: wrapped(None, None, None, SimpleNamespace(eager_mode=False), "cpu")), built
+
+
+def test_a_bad_seqlen_path_fails_the_runner_build_not_a_capture(monkeypatch):
+    build, built = _builder()
+    monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "task-update")
+    monkeypatch.setenv("VENDOR_GRAPH_DISABLE", "on")
+    monkeypatch.setattr(switches, "_ANNOUNCED", True)
+    build()
+    assert built[-1].eager_mode is True and settings.current().seqlen_update == "task-update"
+    monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "sometimes")  # after the last parse: the next build reads it
+    with pytest.raises(SettingsError, match="VENDOR_GRAPH_SEQLEN_UPDATE='sometimes': expected one of auto"):
+        build()
+    assert len(built) == 1
+
+
+def test_a_bad_setting_fails_the_activation(monkeypatch):
+    pytest.importorskip("lmdeploy")
+    settings.load()
+    monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "sometimes")  # after the last parse: activation reads it
+    with pytest.raises(SettingsError, match="VENDOR_GRAPH_SEQLEN_UPDATE"):
+        importlib.import_module("vendor_graph.ascend").activate()
+    assert patching.active() is None
+
+
+def test_a_vendor_with_spaces_is_the_vendor_at_activation(monkeypatch):
+    pytest.importorskip("lmdeploy")
+    monkeypatch.setenv("VENDOR_GRAPH_VENDOR", " ascend ")
+    activation = importlib.import_module("vendor_graph.ascend").activate()
+    assert activation.vendor == "ascend" and not activation.exported_env
+
+
+def test_a_conflicting_vendor_names_only_real_vendors(monkeypatch):
+    pytest.importorskip("lmdeploy")
+    monkeypatch.setenv("VENDOR_GRAPH_VENDOR", "CAMB")
+    with pytest.raises(patching.VendorConflict, match="import vendor_graph.camb$"):
+        importlib.import_module("vendor_graph.ascend").activate()
+    monkeypatch.setenv("VENDOR_GRAPH_VENDOR", "banana")
+    with pytest.raises(SettingsError) as info:
+        importlib.import_module("vendor_graph.ascend").activate()
+    assert "vendor_graph.banana" not in str(info.value) and "ascend, camb, maca, cuda" in str(info.value)
+
+
+def test_the_event_budget_says_why_no_graph_fits():
+    from vendor_graph.npu import limits
+    from vendor_graph.npu.seqlen import TASK_UPDATE
+
+    result = limits.fit_capture_sizes(2, [1, 2, 4], TASK_UPDATE, budget=1)
+    assert result.kept == [] and result.off_reason == (
+        "VENDOR_GRAPH_NPU_EVENT_BUDGET=1: not even one decode graph fits (each needs 2 ExternalEvents); raise it "
+        "to 2 or more, or set it to 0 for no limit")
+    assert limits.fit_capture_sizes(2, [1, 2, 4], TASK_UPDATE, budget=2).off_reason is None
+    assert limits.fit_capture_sizes(2, [1, 2, 4], TASK_UPDATE, budget=None).off_reason is None
+
+
+# -- the doctor reads through the same parser ---------------------------------------------------------------
+
+
+def _doctor(env: dict[str, str]) -> list[tuple[str, bool]]:
+    return doctor.settings_lines(settings.readings(env))
+
+
+def test_doctor_shows_parsed_values_and_flags_every_value_activation_refuses():
+    lines = dict(_doctor({"VENDOR_GRAPH_SHADOW": "4", "VENDOR_GRAPH_DISABLE": "yes", "VENDOR_GRAPH_DEBUG": "",
+                          "VENDOR_GRAPH_NPU_EVENT_BUDGET": "off", "VENDOR_GRAPH_VENV": "/tmp/venv",
+                          "VENDOR_GRAPH_SHADOW_TOL": "nan", "VENDOR_GRAPH_SHADWO": "4", "PATH": "/bin"}))
+    assert lines["VENDOR_GRAPH_SHADOW=4  (N: every Nth replay also runs eager and is compared (0: off))"] is False
+    assert lines["VENDOR_GRAPH_DISABLE=yes -> on  (on: graph mode off, every step eager (buffer patches stay))"] \
+        is False
+    assert lines["VENDOR_GRAPH_DEBUG= -> off (the default)  (on: detailed logs)"] is False
+    assert lines["VENDOR_GRAPH_NPU_EVENT_BUDGET=off -> no limit  (Ascend: ExternalEvents the graphs may hold)"] is False
+    assert any(t.startswith("VENDOR_GRAPH_VENV=/tmp/venv  (tooling, not read by the runtime") and not p
+               for t, p in lines.items())
+    problems = [t for t, p in lines.items() if p]
+    assert len(problems) == 2 and problems[0].startswith("VENDOR_GRAPH_SHADOW_TOL='nan': expected a finite number")
+    assert problems[1].startswith("VENDOR_GRAPH_SHADWO=4: not a vendor_graph setting (a typo?); did you mean "
+                                  "VENDOR_GRAPH_SHADOW?; known: ")
+    assert _doctor({}) == [("none set (all defaults)", False)]
+
+
+@pytest.mark.parametrize("env", [
+    {"VENDOR_GRAPH_DISABLE": "2"}, {"VENDOR_GRAPH_SHADOW": "-1"}, {"VENDOR_GRAPH_SEQLEN_UPDATE": "x"},
+    {"VENDOR_GRAPH_GUARD_WEIGHTS_EVERY": "x"}, {"VENDOR_GRAPH_VENDOR": "banana"}, {"VENDOR_GRAPH_DEBUG": "on"},
+    {"VENDOR_GRAPH_VENDOR": " ascend", "VENDOR_GRAPH_SHADOW_TOL": "inf", "VENDOR_GRAPH_PROGRESS": "0"},
+])
+def test_doctor_finds_a_problem_exactly_when_activation_would_refuse(env):
+    refused = [p for p in _doctor(env) if p[1]]
+    try:
+        settings.parse(env)
+    except SettingsError as exc:
+        assert len(refused) == len(exc.problems) and [t for t, _ in refused] == [str(p) for p in exc.problems]
+    else:
+        assert not refused
+
+
+# -- real processes: interpreter start, lmdeploy's import, the CLI ------------------------------------------
+
+
+def _child(code: str, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("VENDOR_GRAPH_")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
+                          timeout=300)
+
+
+WORKER = """
+    import lmdeploy.pytorch.models.utils.cudagraph as m
+    print(m.CudaGraphMixin.fill_buffers_cudagraph.__module__)
+"""
+
+
+def test_settings_import_nothing_heavy():
+    proc = _child("import sys, vendor_graph.settings; print(sorted({'torch', 'lmdeploy', 'packaging'} & "
+                  "set(m.split('.')[0] for m in sys.modules)))")
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_a_worker_with_a_spaced_vendor_activates_it():
+    pytest.importorskip("lmdeploy")
+    proc = _child(WORKER, VENDOR_GRAPH_VENDOR=" ascend", DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "vendor_graph.ascend"
+
+
+def test_a_worker_with_an_unknown_vendor_lists_the_vendors_and_stays_off():
+    pytest.importorskip("lmdeploy")
+    proc = _child(WORKER, VENDOR_GRAPH_VENDOR="banana", DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "lmdeploy.pytorch.models.utils.cudagraph"
+    assert "VENDOR_GRAPH_VENDOR='banana': expected one of ascend, camb, maca, cuda" in proc.stderr
+    assert "graph mode stays off in this process" in proc.stderr and "vendor_graph.banana" not in proc.stderr
+    proc = _child("import vendor_graph.ascend", VENDOR_GRAPH_VENDOR="banana", DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode != 0 and "SettingsError: VENDOR_GRAPH_VENDOR='banana'" in proc.stderr
+    assert "vendor_graph.banana" not in proc.stderr
+
+
+def test_a_worker_with_a_bad_setting_fails_at_activation_and_a_bad_switch_arms_nothing():
+    pytest.importorskip("lmdeploy")
+    proc = _child(WORKER, VENDOR_GRAPH_VENDOR="ascend", VENDOR_GRAPH_SEQLEN_UPDATE="sometimes",
+                  DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode != 0 and "SettingsError: VENDOR_GRAPH_SEQLEN_UPDATE='sometimes'" in proc.stderr
+    proc = _child(WORKER, VENDOR_GRAPH_VENDOR="ascend", VENDOR_GRAPH_DISABLE_AUTOLOAD="yes",
+                  DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode == 0 and proc.stdout.strip() == "lmdeploy.pytorch.models.utils.cudagraph"
+    proc = _child(WORKER, VENDOR_GRAPH_VENDOR="ascend", VENDOR_GRAPH_DISABLE_AUTOLOAD="2",
+                  DLINFER_STUB_VENDOR="ascend")
+    assert proc.returncode == 0 and proc.stdout.strip() == "lmdeploy.pytorch.models.utils.cudagraph"
+    assert "VENDOR_GRAPH_DISABLE_AUTOLOAD='2': expected 1/0" in proc.stderr
+
+
+def test_the_doctor_exits_1_for_a_value_activation_would_refuse():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VENDOR_GRAPH_")}
+    proc = subprocess.run([sys.executable, "-m", "vendor_graph", "doctor"], capture_output=True, text=True,
+                          timeout=300, env={**env, "VENDOR_GRAPH_SHADOW_TOL": "nan"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "! VENDOR_GRAPH_SHADOW_TOL='nan': expected a finite number >= 0" in proc.stdout
+    assert "no problems found" not in proc.stdout
