@@ -28,10 +28,10 @@ import time
 from dataclasses import asdict
 
 import torch
+from vendor_graph_sim import harness
+from vendor_graph_sim import tiny_model as tm
 
 from vendor_graph import buckets, compat
-from vendor_graph.testing import harness
-from vendor_graph.testing import tiny_model as tm
 
 VENDOR = "camb"
 # ~0.9B parameters: 16 layers of hidden 2048 (16 heads, 8 KV heads of 128), SwiGLU 5632, vocab 32000.
@@ -62,7 +62,7 @@ class Bench:
         self.real = device == "cuda"
         self._stack = contextlib.ExitStack()
         if not self.real:
-            from vendor_graph.testing import sim
+            from vendor_graph_sim import device as sim
 
             sim.install()
             self._stack.enter_context(sim.cuda_graph_api())

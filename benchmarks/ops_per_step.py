@@ -54,8 +54,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("lmdeploy").setLevel(logging.WARNING)
     sys.path.insert(0, str(_common.STUBS))
+    from vendor_graph_sim.device.opcount import replay_step_ops
+
     from vendor_graph import compat
-    from vendor_graph.testing.sim.opcount import replay_step_ops
 
     release = compat.series(compat.installed_lmdeploy_version())
     results = []

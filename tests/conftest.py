@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-STUBS = Path(__file__).parent / "stubs"
+STUBS = Path(__file__).resolve().parents[1] / "sim" / "vendor_graph_sim" / "data" / "standins"
 
 # The stand-in dlinfer, for this process and for the worker processes tests spawn; never in front of a
 # real dlinfer (an Ascend machine running the hardware workflows has one).

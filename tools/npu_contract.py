@@ -1,7 +1,7 @@
 """vendor_graph's torch_npu API contract: every ``torch.npu`` / ``torch_npu`` use in the runtime source,
-checked against the manifests of the real torch_npu releases (``tools/manifests/*.json``).
+checked against the manifests of the real torch_npu releases (``sim/vendor_graph_sim/data/torch_npu_manifests/*.json``).
 
-The scan reads ``src/vendor_graph`` (everything outside ``testing/``) with ``ast`` and finds each
+The scan reads ``vendor_graph`` (everything outside ``testing/``) with ``ast`` and finds each
 attribute, method, keyword and positional-argument count the code uses on torch_npu objects:
 
 * the module, reached as ``torch.npu``, ``torch_npu.npu`` or a holder of it (a local alias
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "src" / "vendor_graph"
-MANIFESTS = ROOT / "tools" / "manifests"
+SOURCE = ROOT / "vendor_graph"
+MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 EXTRACTOR = ROOT / "tools" / "torch_npu_manifest.py"
 
 MODULE = "torch.npu"

@@ -1,6 +1,6 @@
 """Probe, on a real Ascend NPU, the torch_npu behaviours vendor_graph's simulator only suspects.
 
-The simulator (``vendor_graph.testing.sim``) models two behaviours that were read from torch_npu's
+The simulator (``vendor_graph_sim.device``) models two behaviours that were read from torch_npu's
 Python source but never observed on hardware (``shared/research/torch_npu_api.md`` §4.2, §7.4):
 
 1. ``g2a_plain_name_noop``: on the G2a releases (2.1.0.post13, 2.5.1.post1, 2.6.0) the dispatcher of

@@ -2,14 +2,14 @@
 """Soak the conformance check: run any number of seeded random decode schedules on the simulator.
 
 Each schedule draws its vendor (those the installed lmdeploy supports), torch_npu generation,
-attention op, batch sizes and sequence lengths from its seed (vendor_graph.testing.schedules), runs
+attention op, batch sizes and sequence lengths from its seed (vendor_graph_sim.schedules), runs
 graph and eager side by side, and checks every step (bitwise parity, greedy tokens, stale padding
 rows, every KV byte). The run is recorded as JSON: what ran, how long, and every failing seed with
 its mismatches, so a failure is reproducible with ``--start SEED --count 1``.
 
     .venv/bin/python tools/soak.py --count 1000 --out soak.json
 
-``--property N`` runs the property-based check instead (vendor_graph.testing.properties: hypothesis
+``--property N`` runs the property-based check instead (vendor_graph_sim.properties: hypothesis
 draws N schedules of batches, prompt lengths and retirements for the Ascend runner; graph equals
 eager and no KV byte changes outside the live slots), seeded by ``--start``; a failure is shrunk and
 recorded with its schedule.
@@ -39,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.property is not None:
         return soak_property(args)
 
-    sys.path.insert(0, "tests/stubs")  # lmdeploy's Ascend backend imports dlinfer
-    from vendor_graph.testing import sim
-    from vendor_graph.testing.schedules import case, run_case
+    from vendor_graph_sim import device as sim
+    from vendor_graph_sim import standins
+
+    standins.use_standin_dlinfer_if_missing()  # lmdeploy's Ascend backend imports dlinfer
+    from vendor_graph_sim.schedules import case, run_case
 
     sim.install()
     started = time.time()
@@ -76,8 +78,10 @@ def _write_record(path: str, record: dict) -> None:
 
 
 def soak_property(args: argparse.Namespace) -> int:
-    sys.path.insert(0, "tests/stubs")
-    from vendor_graph.testing import properties, sim
+    from vendor_graph_sim import device as sim
+    from vendor_graph_sim import properties, standins
+
+    standins.use_standin_dlinfer_if_missing()
 
     sim.install()
     started = time.time()

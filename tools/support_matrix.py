@@ -166,7 +166,7 @@ def write(readme: Path = README) -> bool:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT))
     if "--write" in sys.argv[1:]:
         print("README.md " + ("updated" if write() else "unchanged"))
     else:

@@ -22,7 +22,7 @@ Usage (stdlib only; run with python3.11)::
 extractor does not understand (extend it rather than guess).
 
 Manifest schema (``"schema": 1``), one file per release at
-``tools/manifests/torch_npu-<version>.json``, written with sorted keys, a
+``sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json``, written with sorted keys, a
 2-space indent and a trailing newline, so reruns are byte-identical.
 
 Shared shapes:
@@ -106,8 +106,8 @@ from typing import Any
 
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MANIFESTS = ROOT / "tools" / "manifests"
-DEFAULT_MODULE = ROOT / "src" / "vendor_graph" / "ascend_versions.py"
+DEFAULT_MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
+DEFAULT_MODULE = ROOT / "vendor_graph" / "ascend_versions.py"
 DEFAULT_CACHE = Path("/tmp/torch_npu_wheels")
 
 # Every torch_npu wheel up to 2.6.x is manylinux2014, from 2.7.1 on
@@ -1209,7 +1209,7 @@ def classify(manifest: dict[str, Any], generation_facts: dict[str, Any]) -> str:
 def render_table(rows: list[tuple[str, str, str | None, str]]) -> str:
     lines = [
         TABLE_BEGIN + " (tools/torch_npu_manifest.py --write-table; do not edit)",
-        "# source 'manifest': tools/manifests/torch_npu-<version>.json, read from the",
+        "# source 'manifest': sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json, read from the",
         "# wheel; source 'research': shared/research/torch_npu_api.md only.",
         "RELEASES: tuple[Release, ...] = (",
     ]

@@ -44,11 +44,11 @@ def graph_backend(request):
     why = _available(backend)
     if why:
         pytest.skip(f"--graph-backend={backend}: {why}")
-    from vendor_graph.testing.harness import REAL_BACKENDS
+    from vendor_graph_sim.harness import REAL_BACKENDS
 
     assert backend == "sim" or backend in REAL_BACKENDS, f"--graph-backend={backend} has no harness path"
     if backend == "sim":
-        from vendor_graph.testing import sim
+        from vendor_graph_sim import device as sim
 
         sim.install()
     return backend
@@ -57,7 +57,7 @@ def graph_backend(request):
 @pytest.fixture
 def cuda_style_backend(graph_backend):
     """Camb/MACA specs on lmdeploy's CUDA runner: the simulator or a CUDA-style device."""
-    from vendor_graph.testing.harness import CUDA_STYLE_BACKENDS
+    from vendor_graph_sim.harness import CUDA_STYLE_BACKENDS
 
     if graph_backend not in ("sim", *CUDA_STYLE_BACKENDS):
         pytest.skip(f"Camb/MACA specs run on lmdeploy's CUDA runner, not --graph-backend={graph_backend}")

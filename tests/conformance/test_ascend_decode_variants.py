@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from vendor_graph_sim.harness import run, schedule
 
 from vendor_graph import buckets
 from vendor_graph.ascend_versions import GENERATION_FACTS
 from vendor_graph.npu.seqlen import ATTENTION_OPS, GRAPH_UPDATE, TASK_UPDATE, path_for
-from vendor_graph.testing.harness import run, schedule
 
 STEPS = 24
 NUM_SEQS = 6
@@ -97,8 +97,9 @@ def test_mla_decode_matches_eager(sim_backend, generation, attention, expected_p
 
 def test_multi_token_replays_without_the_refresh_read_stale_kv_lengths(sim_backend, monkeypatch):
     """The parity check sees a frozen ``actual_seq_lengths_kv`` in multi-token graphs (mutation check)."""
+    from vendor_graph_sim import device as sim
+
     from vendor_graph.npu.runner import AscendGraphRunner
-    from vendor_graph.testing import sim
 
     monkeypatch.setattr(AscendGraphRunner, "_refresh_seqlens", lambda self, graph, lens: None)
     # without an update the captured ExternalEvent waits would hold every replay: let them pass

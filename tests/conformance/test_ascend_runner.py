@@ -9,17 +9,17 @@ import logging
 
 import pytest
 import torch
+from vendor_graph_sim import harness
+from vendor_graph_sim import tiny_model as tm
 
 import vendor_graph
 import vendor_graph.npu.hook
-from vendor_graph.testing import harness
-from vendor_graph.testing import tiny_model as tm
 
 
 @contextlib.contextmanager
 def ascend_pair(generation, *, num_seqs=6, seed=0, attention="fia"):
     """A side-by-side pair whose runner is built by lmdeploy's (patched) Ascend builder, on the sim."""
-    from vendor_graph.testing import sim
+    from vendor_graph_sim import device as sim
 
     vendor_graph.uninstall()
     importlib.import_module("vendor_graph.ascend").activate()
@@ -37,7 +37,7 @@ def ascend_pair(generation, *, num_seqs=6, seed=0, attention="fia"):
 def test_the_next_refresh_waits_for_the_previous_replay(sim_backend, generation):
     """Lazy streams: step N's replay is still queued when step N+1 refreshes the captured tasks. The
     fence keeps N's replay on N's lengths; without it, N would read N+1's."""
-    from vendor_graph.testing import sim
+    from vendor_graph_sim import device as sim
 
     with ascend_pair(generation) as pair:
         batch = [0, 1, 2, 3]
@@ -139,7 +139,7 @@ def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(sim_backend,
 def test_warmup_captures_every_size_largest_first_into_one_pool(sim_backend):
     """lmdeploy's ModelAgent.warmup calls the runner once per capture size, largest first: every size
     gets its graph, all in the runner's one pool, and later steps replay them."""
-    from vendor_graph.testing import sim
+    from vendor_graph_sim import device as sim
 
     with ascend_pair("G4", num_seqs=6) as pair:
         sizes = pair.runner.get_capture_batch_sizes()

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from vendor_graph_sim import harness
 
 from vendor_graph import compat
 from vendor_graph.buffers import GraphInputsChanged
-from vendor_graph.testing import harness
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 pytestmark = pytest.mark.skipif(RELEASE not in compat.SUPPORTED_SERIES["camb"],

@@ -13,10 +13,10 @@ import logging
 import os
 
 import pytest
+from vendor_graph_sim.harness import run, schedule
 
 from vendor_graph import buckets, compat
 from vendor_graph.ascend_versions import GENERATION_FACTS
-from vendor_graph.testing.harness import run, schedule
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 STEPS = 64

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 import torch
+from vendor_graph_sim import harness
 
 import vendor_graph.npu.hook as hook
 from vendor_graph import faults
-from vendor_graph.testing import harness
 
 
 def _fail_once(pair, monkeypatch, *, when, exc):

@@ -9,8 +9,7 @@ import gc
 import logging
 
 import pytest
-
-from vendor_graph.testing import harness
+from vendor_graph_sim import harness
 
 
 def _reallocate_kv(session) -> None:

@@ -8,9 +8,9 @@ import io
 import logging
 
 import torch
+from vendor_graph_sim import harness
 
 from vendor_graph import patching, settings, stats, switches
-from vendor_graph.testing import harness
 
 
 class _Terminal(io.StringIO):
@@ -27,7 +27,6 @@ def test_stats_summary_on_demand_and_once_at_exit(sim_backend, monkeypatch, capl
 
     with harness.ascend_pair("G5") as pair:
         monkeypatch.setattr(torch.npu, "memory_reserved", memory_reserved)
-        monkeypatch.setattr(torch.npu, "__vendor_graph_sim__", False, raising=False)  # as a real device reports
         for active in ([0, 1, 2], [0, 1, 2], [0], [0]):
             pair.step(active)
         b4 = pair.runner.stats.buckets[4]

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from vendor_graph.testing import properties  # noqa: E402
+from vendor_graph_sim import properties  # noqa: E402
 
 EXAMPLES = int(os.environ.get("VENDOR_GRAPH_PROPERTY_EXAMPLES", str(properties.CI_EXAMPLES)))
 

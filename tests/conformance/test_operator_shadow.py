@@ -9,8 +9,7 @@ import logging
 
 import pytest
 import torch
-
-from vendor_graph.testing import harness
+from vendor_graph_sim import harness
 
 SCHEDULE = [[0, 1, 2]] * 4 + [[0, 1, 2, 3, 4]] * 3 + [[1, 2]] * 3
 

@@ -6,8 +6,7 @@ CI runs ``VENDOR_GRAPH_RANDOM_SCHEDULES`` of them (default 120); ``tools/soak.py
 import os
 
 import pytest
-
-from vendor_graph.testing.schedules import case, run_case
+from vendor_graph_sim.schedules import case, run_case
 
 COUNT = int(os.environ.get("VENDOR_GRAPH_RANDOM_SCHEDULES", "120"))
 

@@ -43,7 +43,8 @@ def test_committed_manifests_match_a_fresh_extraction_from_pypi(tmp_path: Path) 
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, (
-        f"re-extracting torch_npu {' '.join(RELEASES)} differs from tools/manifests (exit {proc.returncode}); "
+        f"re-extracting torch_npu {' '.join(RELEASES)} differs from the committed manifests "
+        f"(exit {proc.returncode}); "
         f"if the extractor changed on purpose, regenerate them with "
         f"`python tools/torch_npu_manifest.py --all --write-table`:\n{output[-6000:]}")
     for version in RELEASES:

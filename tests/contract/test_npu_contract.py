@@ -1,6 +1,6 @@
 """The torch_npu API contract: vendor_graph's own torch_npu uses against every release's manifest.
 
-``tools/npu_contract.py`` scans ``src/vendor_graph`` (outside ``testing/``) for every ``torch.npu`` /
+``tools/npu_contract.py`` scans ``vendor_graph`` (outside ``testing/``) for every ``torch.npu`` /
 ``torch_npu`` attribute, method, keyword and argument count, and checks each use against the
 manifests of the releases its guard lets it run on. These tests: the real source passes; planted
 uses that one generation lacks fail; the declarations stay in step with the code; and the generation
@@ -86,7 +86,7 @@ def test_declarations_match_the_source(contract) -> None:
 
 
 def test_every_release_in_the_version_table_has_a_manifest(contract) -> None:
-    av = _load("_vg_contract_av", ROOT / "src" / "vendor_graph" / "ascend_versions.py")
+    av = _load("_vg_contract_av", ROOT / "vendor_graph" / "ascend_versions.py")
     from_manifest = {r.version for r in av.RELEASES if r.source == "manifest"} if hasattr(av, "RELEASES") else None
     if from_manifest is None:
         from_manifest = {v for v in contract.manifests if av.generation_of(v)}
@@ -99,8 +99,8 @@ def test_every_release_in_the_version_table_has_a_manifest(contract) -> None:
 def _planted(tmp_path: Path, file: str, old: str, new: str) -> Any:
     """A copy of the source with the one line holding ``old`` rewritten: ``old`` replaced by ``new``,
     whose further lines (``\n``-separated) take that line's indentation."""
-    source = tmp_path / "src" / "vendor_graph"
-    shutil.copytree(ROOT / "src" / "vendor_graph", source, ignore=shutil.ignore_patterns("__pycache__"))
+    source = tmp_path / "vendor_graph"
+    shutil.copytree(ROOT / "vendor_graph", source, ignore=shutil.ignore_patterns("__pycache__"))
     path = source / file
     lines = path.read_text().splitlines(keepends=True)
     sites = [i for i, line in enumerate(lines) if old in line]

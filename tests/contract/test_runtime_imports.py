@@ -1,4 +1,4 @@
-"""The runtime modules (everything outside ``vendor_graph.testing``) import on the torch installed here,
+"""The runtime modules (everything outside ``vendor_graph_sim``) import on the torch installed here,
 and the oldest-torch leg really runs the declared minimum torch.
 
 ``scripts/test-oldest-torch.sh`` runs this file (with ``VENDOR_GRAPH_OLDEST_TORCH_LEG=1``) on the
@@ -19,7 +19,7 @@ import pytest
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "src" / "vendor_graph"
+SOURCE = ROOT / "vendor_graph"
 # Importing these activates a vendor (patches lmdeploy): each is imported in a process of its own.
 ACTIVATING = {"vendor_graph.ascend", "vendor_graph.camb", "vendor_graph.maca", "vendor_graph.cuda"}
 
@@ -46,7 +46,7 @@ def min_torch() -> Version:
 def test_runtime_modules_are_found() -> None:
     modules = runtime_modules()
     assert {"vendor_graph.buffers", "vendor_graph.npu.runner", "vendor_graph.npu.seqlen"} <= set(modules)
-    assert not any(m.startswith("vendor_graph.testing") for m in modules)
+    assert not any(m.startswith("vendor_graph_sim") for m in modules)
 
 
 @pytest.mark.parametrize("module", [m for m in runtime_modules() if m not in ACTIVATING])

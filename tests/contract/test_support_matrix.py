@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 WORKFLOW = ROOT / ".github" / "workflows" / "ascend-torch-npu-matrix.yml"
 
 
@@ -64,6 +65,6 @@ def test_every_generation_has_a_pair_and_each_torch_is_the_pinned_one() -> None:
 
     assert {generation_of(p.torch_npu) for p in matrix.PAIRS} == set(GENERATIONS)
     for pair in matrix.PAIRS:
-        manifest = json.loads((ROOT / "tools" / "manifests" / f"torch_npu-{pair.torch_npu}.json").read_text())
+        manifest = json.loads((MANIFESTS / f"torch_npu-{pair.torch_npu}.json").read_text())
         pins = " ".join(manifest["wheel"]["requires_dist"])
         assert re.search(rf"torch\s*\(?==\s*{re.escape(pair.torch)}(\+cpu|\.\*)?\b", pins), (pair, pins)

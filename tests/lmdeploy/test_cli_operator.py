@@ -108,6 +108,6 @@ def test_demo_runs_the_simulator_in_a_child_when_a_real_torch_npu_is_installed(t
 
 
 def test_demo_child_decision():
-    from vendor_graph.__main__ import demo_needs_child
+    from vendor_graph_sim.demo import demo_needs_child
 
     assert not demo_needs_child({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

@@ -1,7 +1,7 @@
 """dlinfer's Ascend decode attention routed through vendor_graph.npu.hook.call_attention (stand-in dlinfer).
 
-The stand-in modules (tests/stubs/dlinfer/vendor/ascend/{attention,torch_npu_ops}.py) call the same
-operators with the same keyword spellings as dlinfer; ``vendor_graph.testing.kernels`` gives those
+The stand-in modules (the simulator package's dlinfer/vendor/ascend/{attention,torch_npu_ops}.py) call the
+same operators with the same keyword spellings as dlinfer; ``vendor_graph_sim.kernels`` gives those
 operators CPU kernels (it is not the simulator).
 """
 
@@ -12,12 +12,12 @@ import types
 
 import pytest
 import torch
+from vendor_graph_sim import kernels  # noqa: F401  (registers the emulated Ascend operators)
 
 import vendor_graph
 from vendor_graph import ascend_versions, patching
 from vendor_graph.npu import dlinfer_adapter, hook
 from vendor_graph.npu.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
-from vendor_graph.testing import kernels  # noqa: F401  (registers the emulated Ascend operators)
 
 ATTENTION = dlinfer_adapter.ATTENTION_MODULE
 OPS = dlinfer_adapter.OPS_MODULE

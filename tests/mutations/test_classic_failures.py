@@ -1,7 +1,7 @@
 """Mutation checks: each classic graph-mode failure (DESIGN.md §2) put back into the shipped code,
 and the suite must catch it.
 
-Each case copies ``src/`` to a temporary directory, applies one textual change to the shipped module
+Each case copies ``vendor_graph/`` to a temporary directory, applies one textual change to the shipped module
 (the exact text must occur once, so a refactor that moves it fails here loudly instead of silently
 testing nothing), and runs the tests that guard against it with the mutated copy first on the path.
 The case passes when those tests fail, and records which test caught it.
@@ -9,7 +9,6 @@ The case passes when those tests fail, and records which test caught it.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ ASCEND_PARITY = "tests/conformance/test_decode_parity.py::test_ascend_graph_matc
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str  # under src/vendor_graph
+    path: str  # under vendor_graph
     old: str
     new: str
     tests: tuple[str, ...]
@@ -71,25 +70,33 @@ MUTATIONS = (
 )
 
 
+def _copy(tmp_path: Path) -> Path:
+    """A copy of the runtime package in ``tmp_path``; pytest run from there imports it first."""
+    shutil.copytree(ROOT / "vendor_graph", tmp_path / "vendor_graph", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _pytest(where: Path, tests: list[str], *options: str) -> subprocess.CompletedProcess:
+    """The repository's ``tests`` run with the working directory (first on ``sys.path``) at ``where``."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
+               "-c", str(ROOT / "pyproject.toml"), *options, *(str(ROOT / t) for t in tests)]
+    return subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=600)
+
+
 def _mutated_tree(tmp_path: Path, mutation: Mutation) -> Path:
-    src = tmp_path / "src"
-    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
-    target = src / "vendor_graph" / mutation.path
+    where = _copy(tmp_path)
+    target = where / "vendor_graph" / mutation.path
     text = target.read_text()
     assert text.count(mutation.old) == 1, f"{mutation.path}: the guarded code moved; update this mutation"
     target.write_text(text.replace(mutation.old, mutation.new))
-    return src
+    return where
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_classic_failure_is_caught(mutation, tmp_path):
     if RELEASE not in compat.SUPPORTED_SERIES[mutation.needs]:
         pytest.skip(f"its guard runs on {mutation.needs}, unsupported on lmdeploy {RELEASE}")
-    src = _mutated_tree(tmp_path, mutation)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
-               VENDOR_GRAPH_TORCH_NPU_MANIFESTS=str(ROOT / "tools" / "manifests"))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *mutation.tests],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = _pytest(_mutated_tree(tmp_path, mutation), list(mutation.tests), "-x")
     caught = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
     assert proc.returncode == 1 and caught, (
         f"mutation '{mutation.name}' was not caught (pytest exit {proc.returncode}):\n{proc.stdout[-3000:]}")
@@ -98,12 +105,7 @@ def test_classic_failure_is_caught(mutation, tmp_path):
 
 def test_the_unmutated_copy_passes(tmp_path):
     """The harness itself: the same tests on an unchanged copy must pass, or every 'catch' above is noise."""
-    src = tmp_path / "src"
-    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
-               VENDOR_GRAPH_TORCH_NPU_MANIFESTS=str(ROOT / "tools" / "manifests"))
     tests = sorted({t for m in MUTATIONS if RELEASE in compat.SUPPORTED_SERIES[m.needs] for t in m.tests})
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = _pytest(_copy(tmp_path), tests)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "vendor_graph" in proc.stdout or "passed" in proc.stdout

@@ -4,8 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vendor_graph.testing import sim
+from vendor_graph_sim import device as sim
 
 sim.install()
 sys.path.insert(0, str(Path(__file__).parent))  # sim_test_ops: the test-only stand-in ops
@@ -19,7 +18,7 @@ def _clean_sim_state():
     yield
     for name, value in saved.items():
         setattr(sim.config, name, value)
-    from vendor_graph.testing.sim import _runtime
+    from vendor_graph_sim.device import _runtime
 
     state = _runtime.state()
     assert not state.captures, "a test left a graph capture open"

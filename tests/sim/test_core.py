@@ -4,8 +4,7 @@ import gc
 
 import pytest
 import torch
-
-from vendor_graph.testing import sim
+from vendor_graph_sim import device as sim
 
 
 def dev(*values, dtype=torch.float32):

@@ -6,8 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from vendor_graph.testing import kernels as K
+from vendor_graph_sim import kernels as K
 
 SCALE = 0.25
 

@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("lmdeploy", reason="the tiny model mixes in lmdeploy's CudaGraphMixin")
 
-from vendor_graph.testing import kernels  # noqa: E402
-from vendor_graph.testing import tiny_model as tm  # noqa: E402
+from vendor_graph_sim import kernels  # noqa: E402
+from vendor_graph_sim import tiny_model as tm  # noqa: E402
 
 PROMPTS = [[1, 2, 3, 4, 5], [7] * 20, list(range(30, 63)), [200]]
 VARIANTS = [("ascend", "fia"), ("ascend", "fia_v2"), ("ascend", "paged_attention"), ("camb", "fia"), ("maca", "fia")]

@@ -5,9 +5,9 @@ import inspect
 import pytest
 import torch
 from sim_test_ops import ops
+from vendor_graph_sim import device as sim
 
 from vendor_graph.ascend_versions import GENERATION_FACTS, GENERATIONS, RELEASES
-from vendor_graph.testing import sim
 
 GRAPH_GENERATIONS = [g for g in GENERATIONS if GENERATION_FACTS[g]["graph_api"]]
 UPDATE_GENERATIONS = [g for g in GENERATIONS if GENERATION_FACTS[g]["update"]]

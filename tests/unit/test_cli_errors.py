@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import pytest
+from vendor_graph_sim import demo
 
-from vendor_graph import __main__ as cli
-from vendor_graph import compat, patching
+from vendor_graph import cli, compat, patching
 from vendor_graph.ascend_versions import GENERATIONS
 
 GENERATION_LIST = ", ".join(GENERATIONS)
@@ -67,18 +66,13 @@ def test_json_path_that_is_a_directory_is_refused(capsys, tmp_path):
 
 
 def test_generation_accepts_names_in_any_case_and_release_strings():
-    assert cli._generation_type("g2a") == "G2a"
-    assert cli._generation_type("2.5.1") == "2.5.1"
-    assert cli._generation_type("2.8.0.post2") == "2.8.0.post2"
+    assert cli.generation_type("g2a") == "G2a"
+    assert cli.generation_type("2.5.1") == "2.5.1"
+    assert cli.generation_type("2.8.0.post2") == "2.8.0.post2"
 
 
 def _settings_error_class(monkeypatch) -> type[ValueError]:
-    """vendor_graph.settings.SettingsError, or a stand-in module holding one where settings is not built."""
-    try:
-        from vendor_graph.settings import SettingsError
-    except ImportError:
-        SettingsError = type("SettingsError", (ValueError,), {})  # noqa: N806
-        monkeypatch.setitem(sys.modules, "vendor_graph.settings", types.SimpleNamespace(SettingsError=SettingsError))
+    from vendor_graph.settings import SettingsError
 
     class Raised(SettingsError):  # built from a message, whatever SettingsError's own constructor takes
         def __init__(self, message: str):
@@ -94,7 +88,7 @@ def test_settings_error_is_a_user_error_on_one_line(capsys, monkeypatch):
         raise error("2 VENDOR_GRAPH_* settings are not accepted:\n  VENDOR_GRAPH_SHADOW='x': not a whole number"
                     "\n  VENDOR_GRAPH_DISABLE='2': not a boolean")
 
-    monkeypatch.setitem(cli.COMMANDS, "paths", command)
+    monkeypatch.setattr(cli, "cmd_paths", command)
     assert cli.main(["paths"]) == 2
     assert capsys.readouterr().err == ("vendor-graph paths: error: 2 VENDOR_GRAPH_* settings are not accepted: "
                                        "VENDOR_GRAPH_SHADOW='x': not a whole number; VENDOR_GRAPH_DISABLE='2': "
@@ -111,7 +105,7 @@ def test_user_error_classes_raised_by_a_command_are_caught_in_main(capsys, monke
         print("partial report")
         raise error
 
-    monkeypatch.setitem(cli.COMMANDS, "paths", command)
+    monkeypatch.setattr(cli, "cmd_paths", command)
     status = cli.main(["paths"])
     out, err = capsys.readouterr()
     assert status == 2 and out == "partial report\n"
@@ -124,7 +118,7 @@ def test_real_bugs_keep_their_traceback(monkeypatch, bug):
     def command(args):
         raise bug
 
-    monkeypatch.setitem(cli.COMMANDS, "paths", command)
+    monkeypatch.setattr(cli, "cmd_paths", command)
     with pytest.raises(type(bug)):
         cli.main(["paths"])
 
@@ -151,7 +145,7 @@ def test_paths_output_is_unchanged_by_the_move():
 
 def test_doctor_does_not_import_the_cli():
     code = ("import sys; from vendor_graph import doctor; doctor._torch_npu_lines('2.8.0.post2'); "
-            "assert 'vendor_graph.__main__' not in sys.modules, 'doctor imports the CLI'")
+            "assert 'vendor_graph.cli' not in sys.modules, 'doctor imports the CLI'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -195,21 +189,27 @@ def test_demo_json_names_a_real_dlinfer_and_not_the_stand_in(monkeypatch, tmp_pa
     for name in [m for m in sys.modules if m == "dlinfer" or m.startswith("dlinfer.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(standin_root))
-    assert cli._dlinfer_in_use(standin_root) is None
+    assert demo._dlinfer_in_use(standin_root) is None
     monkeypatch.syspath_prepend(str(real))
-    assert cli._dlinfer_in_use(standin_root) == "0.2.7"
+    assert demo._dlinfer_in_use(standin_root) == "0.2.7"
 
 
 def test_write_json_replaces_the_file_whole_or_not_at_all(monkeypatch, tmp_path):
     path = tmp_path / "demo.json"
-    cli.write_json(path, {"parity": True})
+    demo.write_json(path, {"parity": True})
     assert json.loads(path.read_text()) == {"parity": True}
 
     def refuse(src, dst):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(cli.os, "replace", refuse)
+    monkeypatch.setattr(demo.os, "replace", refuse)
     with pytest.raises(cli.UsageError, match=f"cannot write --json {path}: Permission denied"):
-        cli.write_json(path, {"parity": False})
+        demo.write_json(path, {"parity": False})
     assert json.loads(path.read_text()) == {"parity": True}
     assert [p.name for p in tmp_path.iterdir()] == ["demo.json"]
+
+
+def test_demo_without_the_simulator_package_names_the_install(capsys, monkeypatch):
+    monkeypatch.setattr(cli.metadata, "entry_points", lambda group: [])
+    err = _one_line_error(capsys, ["demo", "--vendor", "ascend", "--steps", "4"])
+    assert err == f"vendor-graph demo: error: {cli.DEMO_MISSING}\n"

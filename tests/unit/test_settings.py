@@ -20,7 +20,7 @@ from vendor_graph import doctor, patching, settings, switches
 from vendor_graph.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "src" / "vendor_graph"
+SOURCE = ROOT / "vendor_graph"
 FLAGS = [s.name for s in settings.SETTINGS.values() if isinstance(s.kind, settings.Flag)]
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -233,7 +233,8 @@ def test_every_name_the_runtime_reads_is_a_declared_setting():
 
 def test_every_name_in_the_repository_is_known_to_the_registry():
     suffixes = {".py", ".sh", ".md", ".toml", ".yml", ".yaml", ".cfg", ".ini"}
-    files = [p for d in ("src", "tests", "scripts", "tools", "benchmarks", ".github", ".ci") if (ROOT / d).is_dir()
+    folders = ("vendor_graph", "sim", "tests", "scripts", "tools", "benchmarks", ".github", ".ci")
+    files = [p for d in folders if (ROOT / d).is_dir()
              for p in (ROOT / d).rglob("*") if p.is_file() and (p.suffix in suffixes or p.parent.name == ".ci")]
     files += [p for p in ROOT.glob("*") if p.is_file() and p.suffix in suffixes]
     unknown = {n: w for n, w in _names_in(files).items() if n not in settings.KNOWN and n not in MISSPELT}

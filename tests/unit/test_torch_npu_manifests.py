@@ -1,6 +1,6 @@
 """torch_npu graph-API facts, checked against the committed manifests.
 
-Offline and fast: everything is read from ``tools/manifests/*.json``, which
+Offline and fast: everything is read from ``sim/vendor_graph_sim/data/torch_npu_manifests/*.json``, which
 ``tools/torch_npu_manifest.py`` extracted from the PyPI wheels.  The expected
 values are the facts of ``shared/research/torch_npu_api.md``.
 """
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = ROOT / "tools" / "manifests"
+MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 TOOL = ROOT / "tools" / "torch_npu_manifest.py"
-MODULE = ROOT / "src" / "vendor_graph" / "ascend_versions.py"
+MODULE = ROOT / "vendor_graph" / "ascend_versions.py"
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -2,7 +2,7 @@
 
 Nothing here is written per generation. The public surface of ``torch_npu.npu`` (which names exist,
 each function's and method's parameters, the class attributes, what ``graph.__enter__`` calls) comes
-from the per-release manifests in ``tools/manifests/`` (read from the real wheels by
+from the per-release manifests in ``sim/vendor_graph_sim/data/torch_npu_manifests/`` (read from the real wheels by
 ``tools/torch_npu_manifest.py``); which ops ``NPUGraph.update()`` intercepts and how it patches them
 comes from :data:`vendor_graph.ascend_versions.GENERATION_FACTS`. Every generated function is real Python
 with the real parameter list, so a keyword a generation lacks raises ``TypeError`` as it would there.
@@ -38,16 +38,17 @@ from . import _runtime as rt
 from . import _tensor
 
 _MANIFEST_ENV = "VENDOR_GRAPH_TORCH_NPU_MANIFESTS"
+MANIFESTS = Path(__file__).resolve().parents[1] / "data" / "torch_npu_manifests"
 _NO_UPDATE_MESSAGE = ("The current graph configuration does not support update,Try to capture by setting "
                       "auto_dispatch_capture=True during capture")
 
 
 def manifest_dir() -> Path:
-    """Where the torch_npu manifests are: ``$VENDOR_GRAPH_TORCH_NPU_MANIFESTS`` or the repo's tools/manifests."""
-    env = os.environ.get(_MANIFEST_ENV)
+    """Where the torch_npu manifests are: ``$VENDOR_GRAPH_TORCH_NPU_MANIFESTS`` or this package's data."""
+    env = os.environ.get(_MANIFEST_ENV, "").strip()
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[4] / "tools" / "manifests"
+    return MANIFESTS
 
 
 @cache
@@ -55,7 +56,7 @@ def load_manifest(version: str) -> dict[str, Any]:
     path = manifest_dir() / f"torch_npu-{version}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no torch_npu manifest {path}: the simulated torch_npu is generated from the "
-                                f"manifests in tools/manifests (or set {_MANIFEST_ENV})")
+                                f"manifests in {MANIFESTS} (or set {_MANIFEST_ENV}); reinstall vendor-graph-sim")
     return json.loads(path.read_text())
 
 
@@ -153,7 +154,8 @@ def _default_stream(device: Any = None) -> rt.Stream:
 
 
 def _memory_stat(device: Any = None) -> int:
-    return 0
+    # What a device without allocator statistics answers: callers that report memory report none.
+    raise RuntimeError("the simulated NPU keeps no allocator statistics")
 
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -646,7 +648,7 @@ def torch_npu_module(spec: str | None = None) -> types.ModuleType:
 
     It has ``npu`` (the device module), ``__version__``, ``version`` (``__version__``, ``git_version``)
     and resolves ``torch_npu.<op>`` to ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``. Installing it is
-    :func:`vendor_graph.testing.sim.use_torch_npu`'s job.
+    :func:`vendor_graph_sim.device.use_torch_npu`'s job.
     """
     version, generation = resolve(spec)
     manifest = load_manifest(version)

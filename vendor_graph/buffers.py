@@ -272,15 +272,15 @@ def pinned_staging_available() -> bool:
 
     True where an accelerator runtime with pinned memory is present (``torch.cuda.is_available()``, or a
     loaded ``torch_npu`` / ``torch_mlu`` that says it is available) and a pinned allocation succeeds.
-    False on CPU-only torch and on the simulator, which has no pinned memory: there host sources are
-    copied from pageable memory, blocking. Cached for the process (``pinned_staging_available.cache_clear()``).
+    False where a pinned allocation fails (CPU-only torch, the simulator): there host sources are copied
+    from pageable memory, blocking. Cached for the process (``pinned_staging_available.cache_clear()``).
     """
     candidates = []
     if torch.cuda.is_available():
         candidates.append(torch.cuda)
     for name in ("npu", "mlu"):
         module = getattr(torch, name, None)
-        if module is None or getattr(module, "__vendor_graph_sim__", False):
+        if module is None:
             continue
         if f"torch_{name}" not in sys.modules:  # a vendor module only counts with its runtime loaded
             continue

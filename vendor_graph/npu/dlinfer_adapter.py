@@ -27,7 +27,7 @@ captures (dlinfer's runner capturing at the same time), the wrapper raises inste
 record the same task, and the runner runs that key eager with the reason.
 
 Verified against a stand-in only: dlinfer cannot be imported on a CPU machine (its wheels are aarch64
-and import torch_npu). The stand-in (``tests/stubs/dlinfer/vendor/ascend/{attention,torch_npu_ops}.py``)
+and import torch_npu). The stand-in (the simulator package's ``dlinfer/vendor/ascend/{attention,torch_npu_ops}.py``)
 has the same module and function names and calls the same operators with the same argument spellings
 as the versions below. Function names this adapter expects:
 

@@ -1,6 +1,6 @@
 """Emulated vendor attention kernels, registered as ``torch.library`` operators.
 
-The simulator (``vendor_graph.testing.sim``) records device work at capture and replays it later. For
+The simulator (``vendor_graph_sim.device``) records device work at capture and replays it later. For
 that to reproduce what a vendor graph does, the attention and KV-cache kernels must be single
 operators that reach the dispatcher with the vendor's argument semantics: which arguments are device
 tensors (read at replay), which are host values (frozen at capture, changed only through the vendor's

@@ -7,7 +7,7 @@ functions) follows Huawei's release trains, not the version number: e.g.
 module maps every torch_npu release on PyPI to its generation (G0 … G5, see
 ``shared/research/torch_npu_api.md`` §2) and records what each generation's
 graph API offers.  The facts were read from the wheels by
-``tools/torch_npu_manifest.py`` (see ``tools/manifests/``); runtime feature
+``tools/torch_npu_manifest.py`` (see ``sim/vendor_graph_sim/data/torch_npu_manifests/``); runtime feature
 detection remains the primary signal, this table the documented fallback.
 
 Pure Python: imports neither torch nor torch_npu.
@@ -157,7 +157,7 @@ GENERATION_NOTES: dict[str, str] = {
 }
 
 # BEGIN GENERATED TABLE (tools/torch_npu_manifest.py --write-table; do not edit)
-# source 'manifest': tools/manifests/torch_npu-<version>.json, read from the
+# source 'manifest': sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json, read from the
 # wheel; source 'research': shared/research/torch_npu_api.md only.
 RELEASES: tuple[Release, ...] = (
     Release("2.1.0.post8", "G0", "2024-10-29", "manifest"),

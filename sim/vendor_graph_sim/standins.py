@@ -2,7 +2,7 @@
 
 lmdeploy's Ascend op backend imports a few dlinfer names (and lmdeploy imports
 ``dlinfer.framework.lmdeploy_ext`` in its workers). The real dlinfer needs torch_npu and an Ascend
-machine; the repository's ``tests/stubs/dlinfer`` reproduces just those facts (see its README).
+machine; this package's ``data/standins/dlinfer`` reproduces just those facts (see its README).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-STANDIN_ROOT = Path(__file__).resolve().parents[3] / "tests" / "stubs"
+STANDIN_ROOT = Path(__file__).resolve().parent / "data" / "standins"
 
 
 def use_standin_dlinfer_if_missing() -> bool:
@@ -20,7 +20,7 @@ def use_standin_dlinfer_if_missing() -> bool:
         return False
     if not (STANDIN_ROOT / "dlinfer").is_dir():
         raise RuntimeError(
-            f"no dlinfer installed and no stand-in at {STANDIN_ROOT}: run the demo from a clone of the repository"
+            f"no dlinfer installed and no stand-in at {STANDIN_ROOT}: reinstall vendor-graph-sim"
         )
     sys.path.insert(0, str(STANDIN_ROOT))
     return True

@@ -130,10 +130,7 @@ class GraphStats:
 
 
 def device_memory(device_module: Any) -> int | None:
-    """Bytes the device allocator holds now (``memory_reserved``), None where it cannot say (the CPU
-    simulator has no allocator statistics)."""
-    if getattr(device_module, "__vendor_graph_sim__", False):
-        return None
+    """Bytes the device allocator holds now (``memory_reserved``), None where it cannot say."""
     fn = getattr(device_module, "memory_reserved", None)
     if fn is None:
         return None

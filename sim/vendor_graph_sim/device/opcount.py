@@ -1,7 +1,7 @@
 """Device operations a graph runner issues per replay step, counted exactly on the simulator.
 
 :func:`replay_step_ops` drives the tiny decoder through a vendor's real runner (the conformance kit's
-:func:`vendor_graph.testing.harness.run`) and records, for every call of the runner, the device work
+:func:`vendor_graph_sim.harness.run`) and records, for every call of the runner, the device work
 issued inside it, split into the buffer fill (``BufferSpec.fill``), the context bind
 (``BufferSpec.bind_context``), the Ascend seq-len update, the replay and anything else. Used by
 ``benchmarks/ops_per_step.py`` and by the test that holds fill + bind to two device ops per step.
@@ -71,7 +71,8 @@ def _count_calls(runner: Any, log: list[StepOps], phases: dict[str, int]) -> Non
 
 @contextlib.contextmanager
 def _phase_counting(phases: dict[str, int]) -> Iterator[None]:
-    from ...buffers import BufferSpec
+    from vendor_graph.buffers import BufferSpec
+
     from . import count_ops
 
     fill, bind = BufferSpec.fill, BufferSpec.bind_context

@@ -53,7 +53,7 @@ norms, RoPE and attention accumulate in float64 and round to float32, which make
 independent of the batch it is computed in (eager batch 3 and a graph padded to 4 agree bitwise).
 
 Needs lmdeploy (imported at module import). The Ascend op backend imports ``dlinfer``: on a CPU box put
-the stand-in (``tests/stubs``) on ``sys.path``.
+the stand-in (``sim/vendor_graph_sim/data/standins``) on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ import torch
 from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
 from torch import Tensor, nn
 
-from ..npu.hook import call_attention
+from vendor_graph.npu.hook import call_attention
+
 from . import kernels
 
 VENDORS = ("ascend", "camb", "maca")
@@ -295,7 +296,7 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         """One decode step: hidden states ``(1, T, hidden)`` for ``T`` query tokens (one per sequence,
         or ``query_len`` per sequence in a multi-token decode step)."""
         if not (attn_metadata.is_decoding or getattr(attn_metadata, "is_multi_token_decoding", False)):
-            raise NotImplementedError("TinyDecoder.forward runs decode steps; prefill with vendor_graph.testing."
+            raise NotImplementedError("TinyDecoder.forward runs decode steps; prefill with vendor_graph_sim."
                                       "tiny_model.prefill")
 
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -508,14 +509,14 @@ def prefill(model: TinyDecoder, kv_caches: Sequence[Sequence[Tensor]], block_tab
 
 
 def backend_class(vendor: str) -> type:
-    """lmdeploy's ``<Vendor>OpsBackend`` (the Ascend module imports ``dlinfer``: stand-in in tests/stubs)."""
+    """lmdeploy's ``<Vendor>OpsBackend`` (the Ascend module imports ``dlinfer``: the stand-in in data/standins)."""
     _check_vendor(vendor)
     module, name = OP_BACKENDS[vendor]
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
         raise ImportError(f"{module} failed to import ({exc}); on a machine without dlinfer put the stand-in "
-                          f"(tests/stubs in the vendor_graph repository) on sys.path") from exc
+                          f"(vendor_graph_sim.standins.STANDIN_ROOT) on sys.path") from exc
 
 
 def _single_rank_dist_meta():

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import compat
+from vendor_graph import compat
+
 from . import kernels
 from . import tiny_model as tm
 
@@ -238,11 +239,11 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     those devices; ``"npu"``: Ascend on the installed torch_npu. Real devices: hidden states and KV
     within :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
     ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
-    see :class:`~vendor_graph.testing.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
+    see :class:`~vendor_graph_sim.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
     """
     import vendor_graph
 
-    from . import sim
+    from . import device as sim
 
     if backend != "sim" and (backend not in REAL_BACKENDS or (vendor == "ascend") != (backend == "npu")):
         raise ValueError(f"{vendor} on backend {backend!r}: real devices run Camb/MACA specs on "
@@ -293,7 +294,7 @@ def ascend_pair(generation: str = "G5", *, num_seqs: int = 6, seed: int = 0, att
     on the simulated torch_npu of ``generation``: for tests that step it themselves."""
     import vendor_graph
 
-    from . import sim
+    from . import device as sim
 
     vendor_graph.uninstall()
     importlib.import_module("vendor_graph.ascend").activate()
@@ -314,7 +315,7 @@ def cuda_style_pair(vendor: str = "camb", backend: str = "sim", *, num_seqs: int
     adopts it, for Camb or MACA, on the simulator's CUDA-style graph API or real CUDA graphs."""
     import vendor_graph
 
-    from . import sim
+    from . import device as sim
 
     vendor_graph.uninstall()
     importlib.import_module(f"vendor_graph.{vendor}").activate()

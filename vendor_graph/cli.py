@@ -6,10 +6,8 @@ its support, who owns lmdeploy's CudaGraphMixin, known upstream breakages, VENDO
 ``run --vendor V -- <command ...>``: run an lmdeploy command (any command) with vendor V active in it
 and in every worker process it starts (``VENDOR_GRAPH_VENDOR``, honoured by the autoload hook).
 
-``demo`` (the README's main job): the tiny decoder on the CPU graph simulator, eager and graph side by
-side, with the parity verdict and the runner's stats. Where a real torch_npu is installed, the
-simulator runs in a child process with torch's device-backend autoload off. ``--json PATH`` also writes
-the verdict and the runner's counts there.
+``demo`` (the README's main job) is supplied by the simulator package (``vendor_graph_sim.demo``), found
+through the ``vendor_graph.commands`` entry points.
 
 ``paths``: the torch_npu release -> seq-len update path table.
 
@@ -28,16 +26,14 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from . import VENDORS, __version__
 from .buckets import MAX_BATCHES_LIMIT
@@ -46,7 +42,6 @@ OP_BACKEND_HINT = {
     "ascend": "lmdeploy's Ascend op backend imports dlinfer, which is not importable here",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DEMO_MODEL = "tiny"  # the decoder the demo builds (vendor_graph.testing.tiny_model)
 MAX_BATCHES_WHY = (f"{MAX_BATCHES_LIMIT} is vendor_graph's bound: lmdeploy's own max_batch_size defaults are "
                    f"128-1024 (256 on Ascend, Camb and MACA) and every live sequence holds a KV-cache block")
 
@@ -67,18 +62,12 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
     from . import compat, patching
+    from .settings import SettingsError
 
-    errors: list[type[BaseException]] = [UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict]
-    try:
-        from .settings import SettingsError
-    except ImportError:
-        pass
-    else:
-        errors.append(SettingsError)
-    return tuple(errors)
+    return UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError
 
 
-def _count_type(flag: str, what: str, default: int | None = None, *, high: int | None = None,
+def count_type(flag: str, what: str, default: int | None = None, *, high: int | None = None,
                 why_high: str = "") -> Callable[[str], int]:
     """An argparse type: an int from 1 (to ``high``), with a message naming ``flag`` and its range."""
     wanted = f"give {flag} 1 or more" if high is None else f"give {flag} from 1 to {high}"
@@ -99,7 +88,7 @@ def _count_type(flag: str, what: str, default: int | None = None, *, high: int |
     return parse
 
 
-def _generation_type(text: str) -> str:
+def generation_type(text: str) -> str:
     """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
     from .ascend_versions import GENERATIONS, release_of
 
@@ -116,7 +105,7 @@ def _generation_type(text: str) -> str:
     return text
 
 
-def _json_path_type(text: str) -> Path:
+def json_path_type(text: str) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path such as {path / 'demo.json'}")
@@ -226,130 +215,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-DEMO_BACKENDS = ("sim", "cuda")  # where the demo's graphs run: the CPU simulator, or an NVIDIA GPU
-AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-
-
-def demo_needs_child(environ=None) -> bool:
-    """Whether the simulator must run in a child process: a real torch_npu is installed and torch would
-    load it as a device backend at ``import torch``, taking the PrivateUse1 slot the simulator uses."""
-    environ = os.environ if environ is None else environ
-    return environ.get(AUTOLOAD_ENV) != "0" and importlib.util.find_spec("torch_npu") is not None
-
-
-def _dlinfer_in_use(standin_root: Path) -> str | None:
-    """The version of the dlinfer lmdeploy imports here; None for none or the stand-in under ``standin_root``."""
-    spec = importlib.util.find_spec("dlinfer")
-    if spec is None or spec.origin is None or Path(spec.origin).resolve().is_relative_to(standin_root.resolve()):
-        return None
-    for dist in ("dlinfer-ascend", "dlinfer-camb", "dlinfer-maca", "dlinfer"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            return metadata.version(dist)
-    return "unversioned"
-
-
-def write_json(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` atomically: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise UsageError(f"cannot write --json {path}: {exc.strerror or exc}; give a writable path") from None
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """The tiny decoder on the CPU graph simulator, eager and graph side by side."""
-    import time
-
-    if args.backend == "sim" and demo_needs_child():
-        print(f"a real torch_npu is installed: running the simulator in a child process with {AUTOLOAD_ENV}=0",
-              flush=True)
-        env = dict(os.environ, **{AUTOLOAD_ENV: "0"})
-        argv = [sys.executable, "-m", "vendor_graph", *(args.argv or [])]
-        return subprocess.call(argv, env=env)
-
-    from . import compat
-    from .testing import sim, standins
-
-    try:
-        standins.use_standin_dlinfer_if_missing()
-    except RuntimeError as exc:  # no dlinfer and no stand-in beside this copy of vendor_graph
-        raise UsageError(str(exc)) from None
-    from .testing.harness import REAL_TOLERANCE, run
-
-    version = compat.installed_lmdeploy_version()
-    vendor = args.vendor
-    if compat.series(version) not in compat.SUPPORTED_SERIES[vendor]:
-        supporting = compat.vendors_supporting(version)
-        raise UsageError(f"vendor_graph.{vendor} does not support lmdeploy {version}; "
-                         + (f"try --vendor {' or '.join(supporting)}" if supporting else
-                            "install a supported lmdeploy (vendor-graph doctor lists them)"))
-    real = args.backend != "sim"
-    generation = torch_npu = None
-    if real:
-        import torch
-
-        if vendor == "ascend":
-            raise UsageError("--backend cuda runs the Camb and MACA buffer specs on real CUDA graphs: use --vendor "
-                             "camb or maca (Ascend graphs need torch_npu)")
-        if not torch.cuda.is_available():
-            raise UsageError("--backend cuda needs an NVIDIA GPU (torch.cuda.is_available() is False here); "
-                             "leave --backend out to run on the CPU simulator")
-        where = f"lmdeploy's CUDA graph runner on {torch.cuda.get_device_name()}, real CUDA graphs"
-        check = f"hidden states and KV within (rtol, atol) = {REAL_TOLERANCE}, greedy tokens equal"
-    else:
-        sim.install()
-        if vendor == "ascend":
-            torch_npu, generation = sim.resolve(args.generation)
-        where = ("the CPU graph simulator, simulated torch_npu " + args.generation if vendor == "ascend"
-                 else "the CPU graph simulator, lmdeploy's CUDA graph runner")
-        check = "hidden states bitwise, greedy tokens, every KV byte"
-    print(f"vendor_graph {__version__} demo: vendor {vendor} on {where}, "
-          f"lmdeploy {version}, {args.seqs} sequences, {args.steps} decode steps, batch changing every 3 steps")
-    start = time.perf_counter()
-    pair = run(vendor, args.seed, generation=args.generation, steps=args.steps, num_seqs=args.seqs,
-               backend=args.backend)
-    seconds = time.perf_counter() - start
-    print(f"\nParity with eager over {pair.steps} steps ({check}, no stale padding row): "
-          f"{'PASS' if not pair.mismatches else 'FAIL'}")
-    for line in pair.mismatches[:5]:
-        print(f"  {line}")
-    times = {name: sorted(v) for name, v in pair.step_seconds.items() if v}
-    if len(times) == 2:
-        median = {name: v[len(v) // 2] * 1e3 for name, v in times.items()}
-        print(f"Step times {'on the GPU' if real else 'on the simulator'} (median of {len(times['graph'])}; graph "
-              f"includes its capture steps): eager {median['eager']:.2f} ms, graph {median['graph']:.2f} ms")
-    runner = pair.runner
-    print("\nGraph stats (vendor_graph.stats)")
-    print(runner.stats.summary())
-    seqlen_path = None
-    if vendor == "ascend":
-        paths = sorted({p for g in runner.graphs().values() for p in g.paths})
-        seqlen_path = ", ".join(paths) or None
-        print(f"seq-len update path: {seqlen_path or '-'}; updates issued: {pair.counters['updates']}")
-    else:
-        print(f"runner: {type(runner).__name__} (lmdeploy's CUDA graph runner, adopted by vendor_graph)")
-    if real:
-        print(f"\n{seconds:.1f} s in all, model build and prefill included")
-    else:
-        print(f"\n{seconds:.1f} s on the simulator: CPU emulation, not a device speed")
-    if args.json is not None:
-        write_json(args.json, {
-            "parity": not pair.mismatches, "steps": pair.steps, "graph_replays": runner.stats.replays,
-            "eager_steps": sum(runner.stats.eager_steps.values()), "captures": runner.stats.captures,
-            "vendor": vendor, "backend": args.backend, "lmdeploy": str(version), "generation": generation,
-            "torch_npu": torch_npu, "seqlen_path": seqlen_path, "model": DEMO_MODEL,
-            "dlinfer": _dlinfer_in_use(standins.STANDIN_ROOT), "seqs": args.seqs, "seed": args.seed,
-            "vendor_graph": __version__,
-        })
-    return 0 if not pair.mismatches else 1
-
-
 def cmd_paths(args: argparse.Namespace) -> int:
     from .npu.paths_table import seqlen_path_table
 
@@ -393,9 +258,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execvpe does not return
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "plan": cmd_plan, "paths": cmd_paths, "demo": cmd_demo, "doctor": cmd_doctor, "run": cmd_run,
-}
+PLUGIN_GROUP = "vendor_graph.commands"  # entry points: a function that adds its subcommand to the parser
+DEMO_MISSING = ("the demo comes with the simulator package, which is not installed here: pip install ./sim from a "
+                "clone of vendor_graph (scripts/demo.sh does), then run vendor-graph demo again")
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands other distributions supply (``demo``: the simulator package, vendor-graph-sim)."""
+    for entry in metadata.entry_points(group=PLUGIN_GROUP):
+        entry.load()(sub)
+    if "demo" not in sub.choices:
+        demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator (needs vendor-graph-sim)",
+                              add_help=False, prefix_chars="+")
+        demo.add_argument("rest", nargs=argparse.REMAINDER)
+        demo.set_defaults(handler=_demo_missing)
+
+
+def _demo_missing(args: argparse.Namespace) -> int:
+    raise UsageError(DEMO_MISSING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -405,32 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="activate a vendor here and print its capture plan and patch status")
     plan.add_argument("--vendor", choices=VENDORS, default="ascend")
     plan.add_argument("--max-batches", default=256, help="lmdeploy's max_batch_size",
-                      type=_count_type("--max-batches", "lmdeploy's max_batch_size is at least 1", 256,
+                      type=count_type("--max-batches", "lmdeploy's max_batch_size is at least 1", 256,
                                        high=MAX_BATCHES_LIMIT, why_high=MAX_BATCHES_WHY))
     plan.add_argument("--capture-sizes", nargs="+", default=None,
-                      type=_count_type("--capture-sizes", "a graph holds at least 1 sequence"),
+                      type=count_type("--capture-sizes", "a graph holds at least 1 sequence"),
                       help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy")
-    sub.add_parser("paths", help="print the torch_npu release -> seq-len update path table (markdown)")
+    plan.set_defaults(handler=cmd_plan)
+    paths = sub.add_parser("paths", help="print the torch_npu release -> seq-len update path table (markdown)")
+    paths.set_defaults(handler=cmd_paths)
     doctor = sub.add_parser("doctor", help="check this environment: runtimes, versions, patch owners, settings")
     doctor.add_argument("--vendor", choices=VENDORS, default=None,
                         help="also activate this vendor here and show who owns CudaGraphMixin then")
+    doctor.set_defaults(handler=cmd_doctor)
     run = sub.add_parser("run", help="run an lmdeploy command with the vendor active in it and its workers")
     run.add_argument("--vendor", choices=VENDORS, required=True)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command, e.g. lmdeploy serve api_server ...")
-    demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator, eager and graph side by side")
-    demo.add_argument("--vendor", choices=VENDORS, default="ascend")
-    demo.add_argument("--generation", default="G5", type=_generation_type,
-                      help="simulated torch_npu (Ascend): a generation G0 ... G5 or a torch_npu release")
-    demo.add_argument("--steps", default=64, type=_count_type(
-        "--steps", "a PASS over no decode step would prove nothing", 64))
-    demo.add_argument("--seqs", default=20, type=_count_type(
-        "--seqs", "the demo decodes at least 1 sequence", 20, high=MAX_BATCHES_LIMIT,
-        why_high=f"the demo's max_batch_size is --seqs, and {MAX_BATCHES_WHY}"))
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--backend", choices=DEMO_BACKENDS, default="sim",
-                      help="where graphs are captured and replayed (sim: the CPU graph simulator)")
-    demo.add_argument("--json", type=_json_path_type, default=None, metavar="PATH",
-                      help="also write the verdict and counts there as JSON")
+    run.set_defaults(handler=cmd_run)
+    _add_plugin_commands(sub)
     return parser
 
 
@@ -461,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         prog = f"vendor-graph {args.command}"
         logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-        status = COMMANDS[args.command](args)
+        status = args.handler(args)
         sys.stdout.flush()
         return status
     except KeyboardInterrupt:

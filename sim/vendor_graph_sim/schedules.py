@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .. import compat
-from ..ascend_versions import GENERATION_FACTS
+from vendor_graph import compat
+from vendor_graph.ascend_versions import GENERATION_FACTS
+
 from .harness import SideBySide, run
 
 ATTENTIONS = ("fia", "fia_v2", "paged_attention")

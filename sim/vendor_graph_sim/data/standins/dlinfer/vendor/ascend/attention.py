@@ -12,7 +12,7 @@ Function names, keyword spellings of the operator calls and the branch on the gl
 * ``decode_attention_mla``: ``atb._npu_paged_attention_mla(..., context_lens=kv_seq_len,
   mla_vheadsize=..., out=attn_output)`` in both.
 
-The kernels are whatever ``torch.ops`` holds: on CPU, ``vendor_graph.testing.kernels`` registers emulated
+The kernels are whatever ``torch.ops`` holds: on CPU, ``vendor_graph_sim.kernels`` registers emulated
 ones. Stand-in shapes: ``query`` (tokens, heads, dim), KV caches (blocks, block_size, kv_heads, dim).
 """
 

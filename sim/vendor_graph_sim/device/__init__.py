@@ -20,7 +20,7 @@ It reproduces what makes graph mode hard (DESIGN.md §4.1):
 
 Use it in its own process (torch allows one PrivateUse1 backend name per process)::
 
-    from vendor_graph.testing import sim
+    from vendor_graph_sim import device as sim
     sim.install()                       # torch.npu is now the simulated device module
     with sim.use_torch_npu("G3a") as torch_npu:
         g = torch_npu.npu.NPUGraph()

@@ -58,7 +58,7 @@ def schedules(draw) -> Schedule:
 def _pair(s: Schedule):
     import vendor_graph
 
-    from . import sim
+    from . import device as sim
 
     vendor_graph.uninstall()
     importlib.import_module("vendor_graph.ascend").activate()

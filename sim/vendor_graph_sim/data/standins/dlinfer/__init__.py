@@ -1,0 +1,1 @@
+"""Stand-in dlinfer for vendor_graph tests (see sim/vendor_graph_sim/data/standins/README.md)."""

@@ -1,1 +1,0 @@
-"""Hardware-free testing tools for vendor_graph: the graph simulator (``vendor_graph.testing.sim``)."""
