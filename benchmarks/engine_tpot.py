@@ -104,7 +104,7 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
                   file=sys.stderr, flush=True)
         if mode == "vendor":
             from vendor_graph import patching
-            from vendor_graph.cuda_runner import live_runners
+            from vendor_graph.stats import live_runners
 
             runners = live_runners()
             result["vendor_graph"] = {

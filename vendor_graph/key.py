@@ -32,6 +32,12 @@ class GraphKey:
     def padded_tokens(self) -> int:
         return self.padded_batch * self.query_len
 
+    @classmethod
+    def from_lmdeploy_tuple(cls, key: tuple) -> GraphKey:
+        """The key of lmdeploy's CUDA runner, ``(batch, decoding, microbatch, query_len, *extra)``."""
+        batch, decoding, microbatch, query_len, *extra = key
+        return cls(batch, bool(decoding), bool(microbatch), query_len, tuple(extra))
+
     def as_lmdeploy_tuple(self) -> tuple:
         """The positional tuple lmdeploy's CUDA runner uses as a key, for interop with its maps."""
         return (self.padded_batch, self.decoding, self.microbatch, self.query_len) + self.extra

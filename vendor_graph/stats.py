@@ -3,10 +3,9 @@
 Runner-agnostic: the Ascend runner uses it, and any other runner (a subclass of lmdeploy's
 ``CUDAGraphRunner``) wires it the same way. API, in the order a runner calls it:
 
-* ``self.stats = GraphStats()`` in ``__init__``; ``register(self, label)`` so the summary is logged once
-  at interpreter exit (``atexit``, logger ``vendor_graph``, INFO) and :func:`summaries` returns it on
-  demand. ``reset()`` may replace ``self.stats`` with a fresh ``GraphStats()``: the registry reads the
-  attribute, not the object.
+* ``self.stats = GraphStats()``; ``register(runner)`` so the summary is logged once at interpreter exit
+  (``atexit``, logger ``vendor_graph``, INFO) and :func:`summaries` returns it on demand (both done by
+  :class:`~vendor_graph.step.StepPolicy`).
 * capture: ``mem = device_memory(torch.<device>)`` before, then on success
   ``stats.captured(padded_batch, seconds, nbytes=device_memory(...) - mem)``; on failure
   ``stats.capture_failed(padded_batch)``. Around the captures ``progress = stats.progress(total)``,
@@ -211,31 +210,29 @@ class _NoOp:
 
 _NOTHING = _NoOp()
 
-# -- the runner registry: summaries on demand and once at exit ----------------------------------------
+# -- the live-runner registry: summaries on demand and once at exit -----------------------------------
 
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RUNNERS: weakref.WeakSet = weakref.WeakSet()
 _LOCK = threading.Lock()
 _REPORTED = False
 
 
-def register(runner: Any, label: str) -> None:
-    """Include ``runner.stats`` in :func:`summaries` and in the summary logged once at exit."""
+def register(runner: Any) -> None:
+    """Count ``runner`` (it has ``label`` and ``stats``) among :func:`live_runners`."""
     with _LOCK:
-        _RUNNERS[runner] = label
+        _RUNNERS.add(runner)
+
+
+def live_runners() -> list[Any]:
+    """Every vendor_graph runner alive in this process (``.stats`` says what it did)."""
+    with _LOCK:
+        return list(_RUNNERS)
 
 
 def summaries() -> dict[str, str]:
-    """label -> summary table of every live registered runner that did anything (on demand)."""
-    out: dict[str, str] = {}
-    with _LOCK:
-        items = list(_RUNNERS.items())
-    for i, (runner, label) in enumerate(items):
-        stats = getattr(runner, "stats", None)
-        if stats is None or stats.empty():
-            continue
-        name = label if label not in out else f"{label} #{i}"
-        out[name] = stats.summary()
-    return out
+    """``<label> runner <id>`` -> summary table of every live runner that did anything (on demand)."""
+    return {f"{runner.label} runner {id(runner):#x}": runner.stats.summary()
+            for runner in live_runners() if not runner.stats.empty()}
 
 
 def log_summaries(reason: str = "on demand") -> str:

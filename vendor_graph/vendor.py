@@ -2,8 +2,7 @@
 
 :func:`install` turns a :class:`VendorProfile` into patches on lmdeploy: the three ``CudaGraphMixin``
 buffer methods derived from the vendor's :class:`~vendor_graph.buffers.BufferSpec`, and a wrapper
-around the vendor op backend's ``build_graph_runner`` that checks ownership where the runner is built
-and gives the runner an ownership check before every capture.
+around the vendor op backend's ``build_graph_runner`` that checks ownership where the runner is built.
 """
 
 from __future__ import annotations
@@ -26,8 +25,9 @@ logger = logging.getLogger("vendor_graph")
 class VendorProfile:
     name: str
     build_spec: Callable[[LmdeployApi], BufferSpec]
-    # Builds the graph runner; receives lmdeploy's original builder and its arguments.
-    build_runner: Callable[..., Any] | None = None
+    # Builds the graph runner (a vendor_graph runner: its steps check ownership); receives lmdeploy's
+    # original builder and its arguments.
+    build_runner: Callable[..., Any]
     # Vendor-specific patches beyond the mixin and the builder.
     extra_setup: Callable[[patching.Activation], None] | None = None
     # (module, class) of the op backend whose builder we wrap; default: lmdeploy's dlinfer backend.
@@ -100,25 +100,6 @@ def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
     return methods
 
 
-@functools.cache
-def _guarded_class(runner_cls: type) -> type:
-    """A subclass of ``runner_cls`` whose calls first check that our buffer methods are in force."""
-
-    def __call__(self, **kwargs):
-        patching.ensure_owned("before a graph step")
-        return runner_cls.__call__(self, **kwargs)
-
-    return type(runner_cls.__name__, (runner_cls,), {"__call__": __call__, "__module__": runner_cls.__module__,
-                                                     "_vendor_graph_guarded": True})
-
-
-def guard_runner(runner: Any) -> Any:
-    """Give ``runner`` the ownership check before each step (every capture happens inside a step)."""
-    if not getattr(type(runner), "_vendor_graph_guarded", False):
-        runner.__class__ = _guarded_class(type(runner))
-    return runner
-
-
 def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
     @functools.wraps(original)
     def build_graph_runner(model, model_config, cache_config, backend_config, device, *args, **kwargs):
@@ -128,14 +109,11 @@ def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
             switches.announce_disabled(f"{profile.name} graph runner")
             backend_config = copy.copy(backend_config)
             backend_config.eager_mode = True
-        if profile.build_runner is not None:
-            runner = profile.build_runner(original, model, model_config, cache_config, backend_config, device,
-                                          *args, **kwargs)
-        else:
-            runner = original(model, model_config, cache_config, backend_config, device, *args, **kwargs)
+        runner = profile.build_runner(original, model, model_config, cache_config, backend_config, device,
+                                      *args, **kwargs)
         # Building may import dlinfer's runner module, which reassigns the mixin methods.
         patching.ensure_owned("after building the graph runner")
-        return guard_runner(runner)
+        return runner
 
     build_graph_runner.__module__ = f"vendor_graph.{profile.name}"
     build_graph_runner.__qualname__ = "build_graph_runner"

@@ -1,5 +1,5 @@
-"""Shadow check (VENDOR_GRAPH_SHADOW=N): every Nth replay also runs eagerly on the graph's filled
-inputs and is compared. Safe for the KV cache (verified here byte for byte), silent on a healthy
+"""Shadow check (VENDOR_GRAPH_SHADOW=N): every Nth replay also runs eagerly on the step's own inputs
+and is compared. Safe for the KV cache (verified here byte for byte), silent on a healthy
 graph, and catches a graph gone wrong (the seq-len refresh re-sending stale lengths: attention reads
 KV lengths of an earlier step)."""
 
@@ -19,16 +19,16 @@ def test_a_healthy_graph_passes_and_the_eager_rerun_writes_the_same_kv(sim_backe
     rewrites = []
     with harness.ascend_pair("G5") as pair:
         runner = pair.runner
-        checked = runner._shadow
+        checked = runner.policy._shadow
 
-        def spy(graph, padded, kwargs, outputs, real_batch):
-            before = [t.cpu().clone() for layer in padded["past_key_values"] for t in layer]
-            result = checked(graph, padded, kwargs, outputs, real_batch)
-            after = [t.cpu() for layer in padded["past_key_values"] for t in layer]
+        def spy(key, kwargs, outputs, own):
+            before = [t.cpu().clone() for layer in kwargs["past_key_values"] for t in layer]
+            result = checked(key, kwargs, outputs, own)
+            after = [t.cpu() for layer in kwargs["past_key_values"] for t in layer]
             rewrites.append(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
             return result
 
-        runner._shadow = spy
+        runner.policy._shadow = spy
         for active in SCHEDULE:
             pair.step(active)
         checks = sum(b.shadow_checks for b in runner.stats.buckets.values())

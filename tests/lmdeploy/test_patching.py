@@ -161,7 +161,7 @@ def test_ascend_builder_builds_our_runner_and_keeps_lmdeploys_side_effects(activ
     runner = _build_runner("ascend")
     assert isinstance(runner, AscendGraphRunner)
     assert backend.enable_graph is True and backend.max_batches == 8
-    assert runner.is_mla is False and runner.get_capture_batch_sizes() == [1, 2, 4, 8]
+    assert runner.get_capture_batch_sizes() == [1, 2, 4, 8]
     # lmdeploy's builder imported dlinfer's runner module; ours must not need it
     assert "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph" not in sys.modules
 

@@ -64,8 +64,8 @@ MUTATIONS = (
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "graph looked up by the live batch instead of its bucket", "npu/runner.py",
-        "padded_batch=buckets.pad_to_bucket(self.capture_sizes, wanted),",
-        "padded_batch=wanted,",
+        "padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),",
+        "padded_batch=self._wanted(batch),",
         (f"{ASCEND_PARITY}[fia-G5]",)),
 )
 

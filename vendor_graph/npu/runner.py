@@ -1,34 +1,21 @@
 """AscendGraphRunner: one NPUGraph per GraphKey, with the seq-len refresh Ascend attention needs.
 
-Per decode step on the replay path: fill the graph's buffers (vendor_graph's CudaGraphMixin methods),
-wait for the previous replay to finish with the captured tasks, refresh the host KV lengths of every
-registered attention task (``NPUGraph.update`` or the task-group path, chosen per op), replay, and
-record a fence. Keys, sizes and padding come from :mod:`vendor_graph.buckets`; a key that cannot be
-captured safely runs eager, with its reason logged once.
-
-Operator components (each runner-agnostic, wired here as their module docstrings describe):
-:mod:`vendor_graph.stats` (per-bucket counters, summary at exit and on demand, capture progress bar,
-profiler ranges), :mod:`vendor_graph.guard` (stale-graph guard: KV caches and weights moved since
-capture -> recapture), :mod:`vendor_graph.shadow` (``VENDOR_GRAPH_SHADOW=N``: eager comparison every
-Nth replay), :mod:`vendor_graph.faults` (a failed capture leaves nothing behind; the key runs eager),
-:mod:`vendor_graph.switches` (``VENDOR_GRAPH_DISABLE``, ``VENDOR_GRAPH_DEBUG``).
+Per replay: fill the graph's buffers (vendor_graph's CudaGraphMixin methods), refresh the host KV
+lengths of every registered attention task (``NPUGraph.update`` or the task-group path, chosen per
+op), replay, and record a fence. What a step does is :class:`~vendor_graph.step.StepPolicy`'s call.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .. import buckets, faults, lifecycle, patching, stats, switches
-from ..buffers import GraphInputsChanged
-from ..guard import StaleGraphGuard
+from .. import buckets, stats, switches
 from ..key import GraphKey
-from ..shadow import ShadowCheck
-from ..stats import GraphStats
+from ..step import CaptureFailed, GraphBackend, StepPolicy
 from . import hook, limits
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
 
@@ -72,109 +59,60 @@ class GraphUnsafe(RuntimeError):
     """This key cannot be captured so that its replays are right; it runs eager."""
 
 
-class AscendGraphRunner(GraphRunner):
-    """lmdeploy GraphRunner for Ascend NPUs (built by ``AscendOpsBackend.build_graph_runner``)."""
+class AscendGraphRunner(GraphRunner, GraphBackend):
+    """lmdeploy GraphRunner for Ascend NPUs (built by ``AscendOpsBackend.build_graph_runner``): NPUGraph
+    capture and replay behind :class:`~vendor_graph.step.StepPolicy`, with the seq-len refresh."""
 
-    def __init__(self, model, model_config, cache_config, backend_config, device, is_mla: bool = False, **kwargs):
+    label = "vendor_graph.ascend"
+
+    def __init__(self, model, model_config, cache_config, backend_config, device, **kwargs):
         super().__init__(model, model_config, cache_config, backend_config, device)
-        self.is_mla = is_mla
         self.num_blocks = cache_config.num_gpu_blocks
         self.max_batches = cache_config.max_batches
-        self.capture_sizes = buckets.capture_sizes(
+        self._sizes = buckets.capture_sizes(
             "ascend", cache_config.max_batches, getattr(cache_config, "cudagraph_capture_batch_sizes", None))
         self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
-        switches.apply_debug()
         self._off_reason = "graph mode off for this model or step"
         if switches.disabled():
             switches.announce_disabled("Ascend graph runner")
             self.enable_graph = _false
             self._off_reason = f"{switches.DISABLE_ENV}=1"
         # Each attention task of each graph holds an ExternalEvent: keep the sizes that fit (ACL 207008).
-        budget = limits.fit_capture_sizes(getattr(model_config, "num_layers", 0) or 0, self.capture_sizes)
+        budget = limits.fit_capture_sizes(getattr(model_config, "num_layers", 0) or 0, self._sizes)
         if budget.message is not None and not backend_config.eager_mode:
             logger.warning("%s", budget.message)
         if budget.kept:
-            self.capture_sizes = budget.kept
+            self._sizes = budget.kept
         else:
             self.enable_graph = _false
         self._graphs: dict[GraphKey, AscendSingleGraph] = {}
-        self._eager_reasons: dict[GraphKey, str] = {}
         self._npu: Any = None
         self._caps: Capabilities | None = None
         self._pool: Any = None
         self._update_stream: Any = None
         self._fence: Any = None  # event recorded on the replay stream after the latest replay
-        self._warned_oversize = False
-        self.stats = GraphStats()
-        self.guard = StaleGraphGuard(model)
-        self.shadow = ShadowCheck()
-        self._progress: stats.CaptureProgress | None = None
-        stats.register(self, f"ascend graph runner {id(self):#x}")
+        self.policy = StepPolicy(self)
 
     # -- lmdeploy GraphRunner API -----------------------------------------------------------------
 
-    def get_capture_batch_sizes(self) -> list[int]:
-        return list(self.capture_sizes)
+    def __call__(self, **kwargs):
+        return self.policy.step(kwargs)
 
-    def get_graph_key(self, input_ids: torch.Tensor, attn_metadata: Any = None, **kwargs) -> GraphKey | None:
-        """The key of this step's graph, or None when the batch is beyond the largest captured size."""
+    def get_capture_batch_sizes(self) -> list[int]:
+        return list(self._sizes)
+
+    def get_graph_key(self, input_ids: torch.Tensor, attn_metadata: Any = None, **kwargs) -> GraphKey:
         context = self.ctx_mgr.current_context()
         batch = attn_metadata.block_offsets.size(0)
-        query_len = max(1, input_ids.size(-1) // batch)
-        padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
-        wanted = batch if padding is None else padding
-        if wanted > self.capture_sizes[-1]:
-            return None
         extra = tuple(self.model.get_cudagraph_extra_key(**kwargs)) if hasattr(
             self.model, "get_cudagraph_extra_key") else ()
         return GraphKey(
-            padded_batch=buckets.pad_to_bucket(self.capture_sizes, wanted),
+            padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),
             decoding=bool(context.global_is_decoding()),
             microbatch=bool(getattr(context, "enable_microbatch", False)),
-            query_len=query_len,
+            query_len=max(1, input_ids.size(-1) // batch),
             extra=extra,
         )
-
-    def __call__(self, **kwargs):
-        context = self.ctx_mgr.current_context()
-        if not context.global_is_decoding():
-            return self._forward_eager("not a decode step", **kwargs)
-        if not self.enable_graph(**kwargs):
-            return self._forward_eager(self._off_reason, **kwargs)
-        key = self.get_graph_key(**kwargs)
-        if key is None:
-            if not self._warned_oversize:
-                self._warned_oversize = True
-                logger.warning("vendor_graph.ascend: a batch of %d is above the largest captured size %d and ran "
-                               "eager (every such step does); raise max_batch_size or add the size to "
-                               "cudagraph_capture_batch_sizes to capture it",
-                               kwargs["attn_metadata"].block_offsets.size(0), self.capture_sizes[-1])
-            return self._forward_eager("batch above the largest captured size", **kwargs)
-        if key in self._eager_reasons:
-            return self._forward_eager(self._eager_reasons[key], **kwargs)
-        graph = self._graphs.get(key)
-        if graph is None:
-            return self._capture(key, kwargs)
-        stale = self.guard.check(key, kwargs)
-        if stale is not None:
-            logger.warning("vendor_graph.ascend: %s: recapturing %s: %s", key,
-                           "every graph" if stale.all_graphs else "its graph", stale.reason)
-            self.stats.stale(key.padded_batch)
-            if stale.all_graphs:
-                for other in list(self._graphs):
-                    self._drop(other)
-            else:
-                self._drop(key)
-            return self._capture(key, kwargs)
-        own = faults.StepMetadata(kwargs.get("attn_metadata"), self.ctx_mgr.current_context())
-        try:
-            return self._replay(graph, kwargs)
-        except GraphInputsChanged as exc:  # raised by the fill, before the replay: this step runs eager
-            own.restore()
-            reason = f"inputs differ from the capture: {exc}"
-            if reason not in self.stats.eager_steps:
-                logger.warning("vendor_graph.ascend: a step for %s ran eager: %s", key, exc)
-            return self._forward_eager(reason, **kwargs)
 
     def update_inputs(self, inputs):
         """DP: every rank pads to the same bucket of the global batch (as lmdeploy's CUDA runner)."""
@@ -185,30 +123,78 @@ class AscendGraphRunner(GraphRunner):
             padding = self.get_meta().padding_batch_size
             batch = inputs.seq_length.size(0)
             query_len = max(1, inputs.input_ids.numel() // max(batch, 1))
-            if padding is not None and padding <= self.capture_sizes[-1]:
-                dp_meta.sync_tp_size(buckets.pad_to_bucket(self.capture_sizes, padding) * query_len)
+            if padding is not None and padding <= self._sizes[-1]:
+                dp_meta.sync_tp_size(buckets.pad_to_bucket(self._sizes, padding) * query_len)
         return inputs
 
     def reset(self) -> None:
         """Free every graph, its registered tasks and the pool; a later step captures afresh.
 
         lmdeploy calls this from ``ModelAgent.reset_graph_runner``: on sleep, on a finished weight
-        update and on release (0.16-0.18), so the stale-graph guard is cleared with the graphs."""
+        update and on release (0.16-0.18)."""
         super().reset()
-        for key in list(self._graphs):
-            self._drop(key)
-        self._eager_reasons.clear()
-        self.guard.clear()
-        if self._progress is not None:
-            self._progress.done()
-        self._progress = None
-        if not self.stats.empty():
-            logger.debug("vendor_graph.ascend: graph stats before reset:\n%s", self.stats.summary())
-        self.stats = GraphStats()
-        self._pool = None
+        self.policy.reset()
         self._fence = None
-        if self._npu is not None and hasattr(self._npu, "empty_cache"):
-            self._npu.empty_cache()
+
+    # -- GraphBackend -----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> stats.GraphStats:
+        return self.policy.stats
+
+    @property
+    def guard(self):
+        return self.policy.guard
+
+    def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
+        if not self.ctx_mgr.current_context().global_is_decoding():
+            return "not a decode step"
+        if not self.enable_graph(**kwargs):
+            return self._off_reason
+        return None
+
+    def forward_skipped(self, kwargs: dict[str, Any]) -> Any:
+        return self.policy.eager(self.skip_reason(kwargs) or "", kwargs)
+
+    def _wanted(self, batch: int) -> int:
+        padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
+        return batch if padding is None else padding
+
+    def wanted_batch(self, kwargs: dict[str, Any]) -> int:
+        return self._wanted(kwargs["attn_metadata"].block_offsets.size(0))
+
+    def capture_sizes(self) -> list[int]:
+        return self._sizes
+
+    def graph_key(self, kwargs: dict[str, Any]) -> GraphKey:
+        return self.get_graph_key(**kwargs)
+
+    def has_graph(self, key: GraphKey) -> bool:
+        return key in self._graphs
+
+    def device_memory(self) -> int | None:
+        return stats.device_memory(self._runtime()[0])
+
+    def release(self, key: GraphKey | None) -> None:
+        """Free graphs (their NPUGraph, registered tasks and buffers), and the pool and cached device
+        memory once no graph uses them."""
+        for graph in list(self._graphs.values()) if key is None else [self._graphs.get(key)]:
+            if graph is not None:
+                self._free(self._graphs.pop(graph.key))
+        if not self._graphs:
+            self._pool = None
+            self._fence = None
+            if self._npu is not None and hasattr(self._npu, "empty_cache"):
+                self._npu.empty_cache()
+
+    @staticmethod
+    def _free(graph: AscendSingleGraph) -> None:
+        if graph.graph is not None and hasattr(graph.graph, "reset"):
+            graph.graph.reset()
+        graph.graph = None
+        graph.tasks.clear()
+        graph.output_buffers.clear()
+        graph.meta.input_buffers = {}
 
     # -- capture and replay -----------------------------------------------------------------------
 
@@ -216,27 +202,6 @@ class AscendGraphRunner(GraphRunner):
         if self._npu is None:
             self._npu, self._caps = npu_runtime()
         return self._npu, self._caps
-
-    def _drop(self, key: GraphKey) -> None:
-        """Free one graph: its NPUGraph (memory back to the pool), registered tasks, buffers, guard record."""
-        graph = self._graphs.pop(key, None)
-        self.guard.forget(key)
-        if graph is None:
-            return
-        if graph.graph is not None and hasattr(graph.graph, "reset"):
-            graph.graph.reset()
-        graph.graph = None
-        graph.tasks.clear()
-        graph.output_buffers.clear()
-        if not self._graphs:  # the pool lives as long as a graph uses it; the next capture takes a new one
-            self._pool = None
-
-    def _forward_eager(self, reason: str, **kwargs):
-        self.stats.eager(reason)
-        if switches.DEBUG:
-            logger.debug("vendor_graph.ascend: eager step (%s)", reason)
-        output = self.model(**kwargs)
-        return self.model.make_output_buffers(output)
 
     def _make_meta(self, key: GraphKey):
         from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMeta
@@ -261,76 +226,38 @@ class AscendGraphRunner(GraphRunner):
         self.model.update_context_cudagraph(graph.meta, self.ctx_mgr.current_context())
         return padded
 
-    def _capture(self, key: GraphKey, kwargs: dict[str, Any]):
-        patching.ensure_owned("before capture")
+    def capture(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
         npu, caps = self._runtime()
         if not caps.facts.get("graph_api"):
-            reason = (f"torch_npu {caps.version} ({caps.generation or 'unknown generation'}) has no NPUGraph API; "
-                      f"upgrade torch_npu for graph mode")
-            self._eager_reasons[key] = reason
-            logger.warning("vendor_graph.ascend: %s runs eager: %s", key, reason)
-            return self._forward_eager(reason, **kwargs)
-        if self._progress is None and self.stats.replays == 0:
-            self._progress = self.stats.progress(len(self.capture_sizes))  # the up-front captures (warmup)
-        # The fill rebinds attn_metadata's fields to the graph's buffers: keep the step's own for an
-        # eager fallback should the warmup forward fail.
-        own = faults.StepMetadata(kwargs.get("attn_metadata"), self.ctx_mgr.current_context())
+            raise CaptureFailed(f"torch_npu {caps.version} ({caps.generation or 'unknown generation'}) has no "
+                                f"NPUGraph API; upgrade torch_npu for graph mode", fault=False)
         graph = AscendSingleGraph(key=key, meta=self._make_meta(key))
-        memory_before = stats.device_memory(npu)
-        start = time.perf_counter()
         try:
             graph.meta.input_buffers = self.model.make_buffers_cudagraph(graph.meta, **kwargs)
             padded = self._bind(graph, kwargs)
             warmup = self.model.make_output_buffers(self.model(**padded))  # outside the graph: first-use work
         except Exception as exc:
-            self._capture_failed(key, graph, exc, "its warmup forward")
-            own.restore()
-            return self._forward_eager(self._eager_reasons[key], **kwargs)
+            self._release_unregistered(graph)
+            raise CaptureFailed(str(exc), hint=limits.explain_capture_error(exc)) from exc
+        # Capture executes nothing, so from here on a failure still has the warmup's result for this step.
+        outputs = self.model.get_outputs_cudagraph(warmup, **kwargs)
         try:
             self._capture_into(graph, padded, npu, caps, force_task_update=False)
         except (GraphUnsafe, hook.NoSeqLenUpdate) as exc:
-            self._eager_reasons[key] = str(exc)
-            self._release(graph)
-            logger.warning("vendor_graph.ascend: %s runs eager: %s", key, exc)
-            return self.model.get_outputs_cudagraph(warmup, **kwargs)
+            self._release_unregistered(graph)
+            raise CaptureFailed(str(exc), outputs=outputs, fault=False) from exc
         except Exception as exc:
-            # Capture executes nothing, so this step's result is the warmup's; the key stays eager.
-            self._capture_failed(key, graph, exc, "capture")
-            return self.model.get_outputs_cudagraph(warmup, **kwargs)
-        graph.capture_seconds = time.perf_counter() - start
-        memory_after = stats.device_memory(npu)
-        nbytes = None if memory_before is None or memory_after is None else memory_after - memory_before
-        self.stats.captured(key.padded_batch, graph.capture_seconds, nbytes)
+            self._release_unregistered(graph)
+            raise CaptureFailed(str(exc), outputs=outputs, hint=limits.explain_capture_error(exc)) from exc
         self._graphs[key] = graph
-        self.guard.record(key, kwargs)
-        if self._progress is not None:
-            self._progress.captured(key.padded_batch)
-        logger.info("vendor_graph.ascend: captured %s in %.3fs (seq-len path %s, %d attention tasks)",
-                    key, graph.capture_seconds, "/".join(sorted(graph.paths)), len(graph.tasks))
-        return self.model.get_outputs_cudagraph(warmup, **kwargs)
+        logger.info("%s: %s: seq-len path %s, %d attention tasks", self.label, key,
+                    "/".join(sorted(graph.paths)), len(graph.tasks))
+        return outputs
 
-    def _release(self, graph: AscendSingleGraph) -> None:
-        """Nothing of a graph that was not registered survives it: its NPUGraph, tasks, buffers; the pool
-        too when no registered graph uses it."""
-        if graph.graph is not None and hasattr(graph.graph, "reset"):
-            graph.graph.reset()
-        graph.graph = None
-        graph.tasks.clear()
-        graph.output_buffers.clear()
-        graph.meta.input_buffers = {}
-        if not self._graphs:
-            self._pool = None
-            if self._npu is not None and hasattr(self._npu, "empty_cache"):
-                self._npu.empty_cache()
-
-    def _capture_failed(self, key: GraphKey, graph: AscendSingleGraph, exc: BaseException, stage: str) -> None:
-        self._release(graph)
-        self._eager_reasons[key] = faults.capture_failure_reason(exc, limits.explain_capture_error(exc))
-        self.stats.capture_failed(key.padded_batch)
-        if self._progress is not None:
-            self._progress.captured(key.padded_batch)
-        logger.error("vendor_graph.ascend: capturing %s failed in %s; it runs eager from now on (serving "
-                     "continues): %s", key, stage, self._eager_reasons[key], exc_info=exc)
+    def _release_unregistered(self, graph: AscendSingleGraph) -> None:
+        """Nothing of a graph that was not registered survives it; the pool neither, when unused."""
+        self._free(graph)
+        self.release(graph.key)
 
     def _capture_into(self, graph: AscendSingleGraph, padded, npu, caps: Capabilities, force_task_update: bool):
         if self._pool is None:
@@ -350,7 +277,7 @@ class AscendGraphRunner(GraphRunner):
                 npu_graph.reset()
             if force_task_update:
                 raise GraphUnsafe(str(exc)) from exc
-            logger.info("vendor_graph.ascend: %s: %s; recapturing with task groups only", graph.key, exc)
+            logger.info("%s: %s: %s; recapturing with task groups only", self.label, graph.key, exc)
             return self._capture_into(graph, padded, npu, caps, force_task_update=True)
         except BaseException:
             if hasattr(npu_graph, "reset"):
@@ -362,7 +289,7 @@ class AscendGraphRunner(GraphRunner):
                 npu_graph.reset()
             if force_task_update or not caps.facts.get("task_group_api"):
                 raise GraphUnsafe(problem)
-            logger.warning("vendor_graph.ascend: %s: %s; recapturing with task groups", graph.key, problem)
+            logger.warning("%s: %s: %s; recapturing with task groups", self.label, graph.key, problem)
             return self._capture_into(graph, padded, npu, caps, force_task_update=True)
         graph.graph = npu_graph
         graph.tasks = list(scope.tasks)
@@ -383,43 +310,17 @@ class AscendGraphRunner(GraphRunner):
                 return f"NPUGraph.update would reach {got} of the {wanted} attention tasks registered for it"
         return None
 
-    def _replay(self, graph: AscendSingleGraph, kwargs: dict[str, Any]):
+    def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
         npu = self._npu
-        key = graph.key
-        if self._progress is not None:  # the up-front captures are over
-            self._progress.done()
-            self._progress = None
-        real_batch = kwargs["attn_metadata"].block_offsets.size(0)
-        with stats.profile_range("vendor_graph.ascend.replay", real_batch, key.padded_batch):
-            padded = self._bind(graph, kwargs)
-            lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
-            self._refresh_seqlens(graph, lens)
-            graph.graph.replay()
-            # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
-            self._fence = npu.Event()
-            self._fence.record(npu.current_stream())
-        self.stats.replayed(key.padded_batch, kwargs["input_ids"].size(-1), key.padded_tokens)
-        if switches.DEBUG:
-            logger.debug("vendor_graph.ascend: replayed %s for a batch of %d", key, real_batch)
-        outputs = self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
-        if self.shadow.due():
-            return self._shadow(graph, padded, kwargs, outputs, real_batch)
-        return outputs
-
-    def _shadow(self, graph: AscendSingleGraph, padded: dict[str, Any], kwargs: dict[str, Any], outputs,
-                real_batch: int):
-        """Run the step eagerly on the graph's own filled inputs and compare (vendor_graph.shadow)."""
-        with stats.profile_range("vendor_graph.ascend.shadow", real_batch, graph.key.padded_batch):
-            eager = self.model.get_outputs_cudagraph(self.model.make_output_buffers(self.model(**padded)), **kwargs)
-        problem = self.shadow.compare(outputs, eager)
-        self.stats.shadowed(graph.key.padded_batch, problem is not None)
-        if problem is None:
-            return outputs
-        if self.shadow.diverged("vendor_graph.ascend", graph.key, real_batch, graph.key.padded_batch, problem):
-            self._drop(graph.key)
-            self._eager_reasons[graph.key] = f"shadow check: graph differed from eager ({problem})"
-            return eager
-        return outputs
+        graph = self._graphs[key]
+        self._bind(graph, kwargs)
+        lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
+        self._refresh_seqlens(graph, lens)
+        graph.graph.replay()
+        # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
+        self._fence = npu.Event()
+        self._fence.record(npu.current_stream())
+        return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
 
     def _refresh_seqlens(self, graph: AscendSingleGraph, lens: list[int]) -> None:
         npu = self._npu
@@ -449,17 +350,13 @@ class AscendGraphRunner(GraphRunner):
         return dict(self._graphs)
 
     def eager_reasons(self) -> dict[GraphKey, str]:
-        return dict(self._eager_reasons)
+        return dict(self.policy.eager_reasons)
 
 
 def build_graph_runner(original, model, model_config, cache_config, backend_config, device, *args, **kwargs):
     """``AscendOpsBackend.build_graph_runner`` with vendor_graph's runner, keeping lmdeploy's side effects."""
     from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import AscendOpsBackend
 
-    lifecycle.install()  # a finished update_params also drops the graphs (lmdeploy 0.16-0.18 do not)
     AscendOpsBackend.enable_graph = not backend_config.eager_mode
     AscendOpsBackend.max_batches = cache_config.max_batches
-    is_mla = kwargs.pop("is_mla", None)
-    if is_mla is None:
-        is_mla = getattr(model_config, "k_head_dim", None) != getattr(model_config, "v_head_dim", None)
-    return AscendGraphRunner(model, model_config, cache_config, backend_config, device, is_mla=is_mla)
+    return AscendGraphRunner(model, model_config, cache_config, backend_config, device)
