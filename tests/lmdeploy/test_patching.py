@@ -52,13 +52,18 @@ def test_methods_are_the_vendors_after_activation(vendor, activate):
 
 def test_uninstall_restores_the_originals_exactly(vendor, activate):
     cls, backend = mixin(), op_backend(vendor)
-    before = owners(cls) | {"builder": backend.__dict__["build_graph_runner"]}
+    held = ("build_graph_runner", "update_step_context")
+
+    def state():
+        return owners(cls) | {name: backend.__dict__.get(name) for name in held}
+
+    before = state()
     activate(vendor)
     activate(vendor)  # idempotent: no second layer of patches
-    assert len(patching.active().patches) == 4
+    # the mixin's three, the builder, and on Ascend the step-context wrapper of the MoE padding
+    assert len(patching.active().patches) == 4 + (vendor == "ascend")
     vendor_graph.uninstall()
-    after = owners(cls) | {"builder": backend.__dict__["build_graph_runner"]}
-    assert after == before
+    assert state() == before
     assert vendor_graph.active_vendor() is None
     assert patching._finder not in sys.meta_path
 
@@ -291,3 +296,33 @@ def test_cuda_runner_graphs_reads_the_map_of_either_release_even_when_empty():
     old, new = SimpleNamespace(_runner_map={}), SimpleNamespace(_full_graph_runners={})
     assert compat.cuda_runner_graphs(old) is old._runner_map
     assert compat.cuda_runner_graphs(new) is new._full_graph_runners  # an empty 0.18 map is not "missing"
+
+
+def test_ascend_moe_padding_follows_the_runner_of_the_step_being_prepared(activate, monkeypatch):
+    """A target and its draft model have their own runners and sizes: lmdeploy's MoE padding, computed in
+    AscendOpsBackend.update_step_context, must use the sizes of the runner whose graph that step takes."""
+    if "ascend" not in SUPPORTED_HERE:
+        pytest.skip("ascend unsupported here")
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("DLINFER_STUB_VENDOR", "ascend")
+    for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
+        monkeypatch.delitem(sys.modules, name)
+    backend = op_backend("ascend")
+    padded = {}
+
+    def update_step_context(cls, step_context):  # lmdeploy's MoE padding (EP > 1, graph mode) happens here
+        from dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph import get_ascend_compatible_size
+
+        padded[step_context.name] = [get_ascend_compatible_size(b) for b in (1, 4, 7)]
+        return step_context
+
+    monkeypatch.setattr(backend, "update_step_context", classmethod(update_step_context))
+    activate("ascend")
+    target = _build_runner("ascend", capture_sizes=[3, 6])
+    draft = _build_runner("ascend", capture_sizes=[5])  # built last: a process-wide answer would be its
+    for name, runner in (("target", target), ("draft", draft)):
+        backend.update_step_context(SimpleNamespace(model_config=runner.model_config, name=name))
+    assert padded == {"target": [3, 6, 8], "draft": [5, 5, 8]}
+    vendor_graph.uninstall()
+    assert backend.__dict__["update_step_context"].__func__ is update_step_context
