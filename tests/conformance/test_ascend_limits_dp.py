@@ -221,3 +221,38 @@ def test_dp_ranks_with_different_batches_pick_the_same_graph(tmp_path: Path):
         # update_inputs: the MoE/MLP token split is the padded graph's token count on every rank
         for r in per_rank:
             assert r["tp_sizes"] == [bucket * q] and r["moe_tp_sizes"] == [bucket * q]
+
+
+def test_a_budget_no_graph_fits_is_the_reason_every_step_runs_eager(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from vendor_graph import settings
+    from vendor_graph.npu.runner import AscendGraphRunner
+
+    monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "1")
+    settings.load()
+    context = SimpleNamespace(global_is_decoding=lambda: True, enable_microbatch=False)
+
+    class Model:
+        ctx_mgr = SimpleNamespace(current_context=lambda: context)
+
+        def support_cuda_graph(self, **kwargs):
+            return True
+
+        def __call__(self, **kwargs):
+            return torch.zeros(1, kwargs["input_ids"].size(-1), 4)
+
+        def make_output_buffers(self, output):
+            return {"hidden_states": output}
+
+    cache_config = SimpleNamespace(num_gpu_blocks=8, max_batches=4, cudagraph_capture_batch_sizes=None)
+    runner = AscendGraphRunner(Model(), SimpleNamespace(num_layers=2), cache_config,
+                               SimpleNamespace(eager_mode=False), "cpu")
+    out = runner(input_ids=torch.zeros(1, 3, dtype=torch.long),
+                 attn_metadata=SimpleNamespace(block_offsets=torch.zeros(3, 2, dtype=torch.int32)))
+    assert out["hidden_states"].shape == (1, 3, 4)
+    assert runner.stats.eager_steps == {
+        "VENDOR_GRAPH_NPU_EVENT_BUDGET=1: not even one decode graph fits (each needs 2 ExternalEvents); raise it "
+        "to 2 or more, or set it to 0 for no limit": 1}

@@ -83,8 +83,9 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
             logger.warning("%s", budget.message)
         if budget.kept:
             self._sizes = budget.kept
-        else:
+        elif self.enable_graph is not _false:
             self.enable_graph = _false
+            self._off_reason = budget.off_reason
         self._graphs: dict[GraphKey, AscendSingleGraph] = {}
         self._npu: Any = None
         self._caps: Capabilities | None = None
