@@ -6,8 +6,8 @@ against lmdeploy's own graph mode (and eager), on the same random-weight Llama, 
     python benchmarks/engine_tpot.py run {vendor,lmdeploy,eager} MODEL_DIR OUT.json [--repeats 5]
 
 One engine mode per process. TPOT at batch B = (wall of B requests x 144 new tokens - wall of B x 16)
-/ 128: one decode step of the whole batch, free of prefill and of how outputs are chunked
-(research/lmdeploy_on_h200.md). Greedy, ``ignore_eos``; each request a 32-token prompt of seeded ids.
+/ 128: one decode step of the whole batch, free of prefill and of how outputs are chunked. Greedy,
+``ignore_eos``; each request a 32-token prompt of seeded ids.
 """
 
 from __future__ import annotations

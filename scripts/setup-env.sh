@@ -37,7 +37,7 @@ fi
 # reinstalled when the installed ones are not this clone's.
 "$py" - "$root" <<'PY' 2>/dev/null || pip_install -e "$root[test]" -e "$root/sim"
 import sys, pathlib, importlib.metadata as m
-import vendor_graph, vendor_graph_sim, pytest, hypothesis  # noqa: F401
+import vendor_graph, vendor_graph_sim, pytest, hypothesis, hatchling  # noqa: F401
 root = pathlib.Path(sys.argv[1]).resolve()
 here = {pathlib.Path(p.__file__).resolve().parent.parent for p in (vendor_graph,)}
 sim_here = pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent

@@ -50,10 +50,10 @@ PACKAGE = "torch_npu"
 # Parameters / fields that hold ``torch.npu`` (the scan cannot see through a call boundary).
 # Each must still occur in the source (a stale entry fails the test).
 MODULE_HOLDERS: dict[str, str] = {
-    "npu": "npu/runner.py AscendGraphRunner._capture_into(npu=...) and npu/hook.py CaptureScope.npu",
-    "self.npu": "npu/hook.py CaptureScope.npu, set by the runner to torch.npu",
-    "self._npu": "npu/runner.py AscendGraphRunner._npu, from npu_runtime()",
-    "npu_module": "npu/seqlen.py probe_facts(npu_module) / detect(npu_module): torch.npu",
+    "npu": "ascend/runner.py AscendGraphRunner._capture_into(npu=...) and ascend/hook.py CaptureScope.npu",
+    "self.npu": "ascend/hook.py CaptureScope.npu, set by the runner to torch.npu",
+    "self._npu": "ascend/runner.py AscendGraphRunner._npu, from npu_runtime()",
+    "npu_module": "ascend/seqlen.py probe_facts(npu_module) / detect(npu_module): torch.npu",
 }
 
 # What the module's constructors / functions return, and typed attributes of objects.
@@ -87,9 +87,9 @@ def _capability(name: str):
 # qualname that holds the test, text the test contains). Capabilities are generation facts
 # (tools/torch_npu_manifest.py facts_from_manifest); "a+b" means both.
 GUARDED_USES: dict[str, tuple[str, str, str]] = {
-    "torch.npu.NPUGraph": ("graph_api", "AscendGraphRunner._capture", "caps.facts.get('graph_api')"),
-    "torch.npu.graph": ("graph_api", "AscendGraphRunner._capture", "caps.facts.get('graph_api')"),
-    "torch.npu.graph_pool_handle": ("graph_api", "AscendGraphRunner._capture", "caps.facts.get('graph_api')"),
+    "torch.npu.NPUGraph": ("graph_api", "AscendGraphRunner.capture", "caps.facts.get('graph_api')"),
+    "torch.npu.graph": ("graph_api", "AscendGraphRunner.capture", "caps.facts.get('graph_api')"),
+    "torch.npu.graph_pool_handle": ("graph_api", "AscendGraphRunner.capture", "caps.facts.get('graph_api')"),
     # GRAPH_UPDATE tasks exist only where seqlen.path_for saw facts["update"].
     "NPUGraph.update": ("update", "path_for", "facts.get('update')"),
     # TASK_UPDATE tasks exist only where path_for saw both (CaptureScope.path re-checks the first).

@@ -1,7 +1,7 @@
 """Probe, on a real Ascend NPU, the torch_npu behaviours vendor_graph's simulator only suspects.
 
 The simulator (``vendor_graph_sim.device``) models two behaviours that were read from torch_npu's
-Python source but never observed on hardware (``shared/research/torch_npu_api.md`` §4.2, §7.4):
+Python source but never observed on hardware:
 
 1. ``g2a_plain_name_noop``: on the G2a releases (2.1.0.post13, 2.5.1.post1, 2.6.0) the dispatcher of
    ``NPUGraph`` intercepts ``npu_fused_infer_attention_score`` only under its bare and ``.out`` names,
@@ -36,9 +36,9 @@ def _absent(message: str) -> int:
 
 def _generation(version: str | None) -> str | None:
     try:
-        from vendor_graph import ascend_versions
+        from vendor_graph.ascend import releases
 
-        return ascend_versions.generation_of(version) if version else None
+        return releases.generation_of(version) if version else None
     except Exception:  # noqa: BLE001 - the probe reports, it does not depend on the table
         return None
 

@@ -34,7 +34,7 @@ def _arm(vendor: str) -> None:
         if fired:
             return
         fired = True
-        importlib.import_module(f"vendor_graph.{vendor}")
+        importlib.import_module(f"vendor_graph.{vendor}").activate()
 
     for trigger in _REFERENCE_TRIGGERS if vendor in REFERENCE_VENDORS else _TRIGGERS:
         when_imported(trigger.format(vendor=vendor), activate)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice, pairwise
 
 __all__ = [
     "MAX_BATCHES_LIMIT",
     "BucketTypeError",
-    "ascend_bucket",
-    "ascend_capture_sizes",
     "capture_sizes",
+    "check_batch",
+    "check_max_batches",
     "cuda_capture_sizes",
     "explicit_capture_sizes",
     "pad_to_bucket",
@@ -27,8 +27,6 @@ __all__ = [
 # Ascend, Camb and MACA). 64x the largest default is far beyond any deployment (each live sequence holds
 # at least one KV-cache block) and keeps every plan to a few hundred graphs.
 MAX_BATCHES_LIMIT = 65536
-
-RULES = ("ascend", "camb", "maca", "cuda")  # vendors capture_sizes() has a default rule for
 
 
 class BucketTypeError(TypeError, ValueError):
@@ -47,14 +45,14 @@ def _is_int(value: object) -> bool:
     return True
 
 
-def _count(what: str, value: object) -> int:
+def check_batch(what: str, value: object) -> int:
     if not _is_int(value):
         raise BucketTypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
     return operator.index(value)  # type: ignore[call-overload]
 
 
-def _check_max_batches(max_batches: object) -> int:
-    value = _count("max_batches", max_batches)
+def check_max_batches(max_batches: object) -> int:
+    value = check_batch("max_batches", max_batches)
     if value < 1:
         raise ValueError(f"max_batches must be a positive int, got {max_batches!r}")
     if value > MAX_BATCHES_LIMIT:
@@ -65,41 +63,13 @@ def _check_max_batches(max_batches: object) -> int:
     return value
 
 
-def ascend_bucket(batch: int) -> int:
-    """The Ascend three-tier bucket of ``batch``, not capped by ``max_batches``.
-
-    Power of two up to 16, a multiple of 16 up to 256, a multiple of 256 above.
-    """
-    if type(batch) is not int:
-        batch = _count("batch", batch)
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    if batch <= 16:
-        return 1 << (batch - 1).bit_length()
-    if batch <= 256:
-        return -(-batch // 16) * 16
-    return -(-batch // 256) * 256
-
-
-def ascend_capture_sizes(max_batches: int) -> list[int]:
-    """Every Ascend three-tier size below ``max_batches``, then ``max_batches`` itself."""
-    max_batches = _check_max_batches(max_batches)
-    sizes: list[int] = []
-    size = 1
-    while size < max_batches:
-        sizes.append(size)
-        size = ascend_bucket(size + 1)
-    sizes.append(max_batches)
-    return sizes
-
-
 def cuda_capture_sizes(max_batches: int) -> list[int]:
     """The sizes lmdeploy's CUDA runner captures: powers of two up to 256, then steps of 256.
 
     The same rule as ``CUDAGraphRunner``'s default in lmdeploy 0.12-0.18; Camb and MACA take the
     runner's own ``get_capture_batch_sizes()`` at run time, this copy serves planning and tests.
     """
-    max_batches = _check_max_batches(max_batches)
+    max_batches = check_max_batches(max_batches)
     sizes: list[int] = []
     size = 1
     while size <= min(256, max_batches):
@@ -116,7 +86,7 @@ def explicit_capture_sizes(sizes: Iterable[int], max_batches: int) -> list[int]:
 
     Sorted and deduplicated, sizes above ``max_batches`` dropped, ``max_batches`` appended.
     """
-    max_batches = _check_max_batches(max_batches)
+    max_batches = check_max_batches(max_batches)
     given = list(islice(sizes, MAX_BATCHES_LIMIT + 1))
     if len(given) > MAX_BATCHES_LIMIT:
         raise ValueError(f"cudagraph_capture_batch_sizes has more than {MAX_BATCHES_LIMIT} sizes")
@@ -140,15 +110,12 @@ def explicit_capture_sizes(sizes: Iterable[int], max_batches: int) -> list[int]:
     return kept
 
 
-def capture_sizes(vendor: str, max_batches: int, explicit: Iterable[int] | None = None) -> list[int]:
-    """The capture sizes for ``vendor``: explicit sizes when given, else the vendor's default rule."""
-    if vendor not in RULES:
-        raise ValueError(f"no capture-size rule for vendor {vendor!r}; known: {', '.join(RULES)}")
+def capture_sizes(rule: Callable[[int], list[int]], max_batches: int,
+                  explicit: Iterable[int] | None = None) -> list[int]:
+    """Explicit sizes when given, else ``rule(max_batches)``: a vendor's default rule."""
     if explicit is not None:
         return explicit_capture_sizes(explicit, max_batches)
-    if vendor == "ascend":
-        return ascend_capture_sizes(max_batches)
-    return cuda_capture_sizes(max_batches)
+    return rule(max_batches)
 
 
 def _check_capture_sizes(capture_sizes: Sequence[int]) -> None:
@@ -178,7 +145,7 @@ def pad_to_bucket(capture_sizes: Sequence[int], batch: int) -> int:
     """
     global _checked
     if type(batch) is not int:
-        batch = _count("batch", batch)
+        batch = check_batch("batch", batch)
     last, copy = _checked
     if capture_sizes is not last or capture_sizes != copy:
         _check_capture_sizes(capture_sizes)

@@ -1,36 +1,17 @@
-"""Declarative graph buffers: each batch-dependent tensor declared once, make / fill / bind derived.
+"""Declarative graph buffers: each batch-dependent tensor is declared once and make / fill / bind all walk the
+same declarations, so a field cannot be filled but not bound, or bound but not made.
 
-A captured graph reads fixed addresses, so every tensor whose shape or content changes with the batch
-lives in a buffer sized for the graph's batch (``graph_meta.max_batchs``) and token count
-(``graph_meta.max_tokens``). A :class:`BufferSpec` lists them as :class:`BufferField` declarations:
+A captured graph reads fixed addresses, so every tensor that changes with the batch lives in a buffer sized for
+the graph (lmdeploy's ``graph_meta.max_batchs`` / ``max_tokens`` / ``num_blocks``). Fill rules, each a classic
+graph-mode failure when broken: pad to the graph's batch, never to a size computed here; reset every padding row
+a previous, larger batch left behind (a stale ``kv_start_indices`` writes a live sequence's KV slot); treat a
+source that appears or disappears after capture as an error, not a silent stale read.
 
-* where the live data comes from (``source``): a model kwarg, an ``attn_metadata`` attribute or a
-  ``StepContext`` attribute; or nothing, for a *static* field whose whole content follows from the
-  graph's shape (the query lengths of a decode graph);
-* where the buffer is bound (``bind``): the same three kinds of place;
-* shape, dtype, host or device placement, and the value padding rows hold.
-
-:meth:`BufferSpec.make`, :meth:`BufferSpec.fill` and :meth:`BufferSpec.bind_context` all walk the same
-declarations, so a field cannot be filled but not bound, or bound but not made.
-
-Fill rules (each one a classic graph-mode failure when broken):
-* pad to the graph's batch, never to a size computed here;
-* write the live rows, then reset every padding row a previous, larger batch left behind, so padding
-  never carries a stale ``kv_start_indices`` (which would write a live sequence's KV slot);
-* a field whose source appears or disappears after capture is an error, not a silent stale read.
-
-Cost per step: one device operation for :meth:`BufferSpec.fill` and one for
-:meth:`BufferSpec.bind_context` (none where a call has no device field to write): a single
-``torch._foreach_copy_`` carries every live copy *and* every padding reset of that call, the resets
-copying from a one-element pad tensor expanded to the stale box. Host-placed fields are written by one
-host ``_foreach_copy_`` (no device work while their sources are on the host, as lmdeploy's are). Static
-fields cost nothing. High-water marks (the extent the previous fill wrote) make the resets exact
-without touching untouched padding; the views for each (extent, high water) pair are built once and
-reused. A source on the host bound for a device buffer (a list, a CPU tensor) is a transfer of its
-own: staged through pinned memory and copied without blocking where the platform has pinned memory
-(:func:`pinned_staging_available`); copied from pageable memory, blocking, where it does not (the
-simulator and CPU-only torch). A torch build without a
-``_foreach_copy_`` kernel for the device gets one copy per buffer instead (logged once).
+Cost per step, a design constraint: one device ``torch._foreach_copy_`` per fill / bind_context call, carrying
+every live copy and every padding reset; one host ``_foreach_copy_`` for host-placed fields (no device work, as
+lmdeploy builds those sources on the host); nothing for static fields. A host source bound for a device buffer
+is staged through pinned memory and copied without blocking where the platform has pinned memory, else copied
+blocking from pageable memory (CPU-only torch, the simulator).
 """
 
 from __future__ import annotations
@@ -390,7 +371,7 @@ class BufferSpec:
         if dupes:
             raise ValueError(f"{self.vendor}: two fields bound to the same place: {sorted(dupes)}")
 
-    def field(self, name: str) -> BufferField:
+    def by_name(self, name: str) -> BufferField:
         for f in self.fields:
             if f.name == name:
                 return f

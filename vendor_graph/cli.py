@@ -35,7 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
-from . import VENDORS, __version__
+from . import VENDORS, __version__, patching
 from .buckets import MAX_BATCHES_LIMIT
 
 OP_BACKEND_HINT = {
@@ -90,7 +90,7 @@ def count_type(flag: str, what: str, default: int | None = None, *, high: int | 
 
 def generation_type(text: str) -> str:
     """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
-    from .ascend_versions import GENERATIONS, release_of
+    from .ascend.releases import GENERATIONS, release_of
 
     by_name = {g.lower(): g for g in GENERATIONS}
     if text.strip().lower() in by_name:
@@ -138,15 +138,14 @@ def _capture_rows(sizes: list[int]) -> list[dict[str, str]]:
 
 def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tuple[list[int], str | None]:
     """The capture sizes ``plan`` shows, and a note on how lmdeploy normalises explicit sizes (None: as given)."""
-    from . import buckets
-
+    profile = importlib.import_module(f"vendor_graph.{vendor}").PROFILE
     if explicit is None:
-        return buckets.capture_sizes(vendor, max_batches), None
+        return profile.capture_sizes(max_batches), None
     given = " ".join(map(str, explicit))
     if min(explicit) > max_batches:
         raise UsageError(f"--capture-sizes {given}: every size is above --max-batches {max_batches}, so lmdeploy "
                          f"refuses them; give at least one size <= {max_batches} (sizes above it are dropped)")
-    sizes = buckets.capture_sizes(vendor, max_batches, explicit)
+    sizes = profile.capture_sizes(max_batches, explicit)
     changes = []
     if explicit != sorted(explicit):
         changes.append("sorted")
@@ -216,7 +215,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    from .npu.paths_table import seqlen_path_table
+    from .ascend.paths_table import seqlen_path_table
 
     print(seqlen_path_table())
     return 0
@@ -328,12 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "vendor-graph"
     try:
-        args = build_parser().parse_args(argv)
-        args.argv = argv
-        prog = f"vendor-graph {args.command}"
-        logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-        status = args.handler(args)
-        sys.stdout.flush()
+        # Every command that needs a vendor active activates it itself; the others only read vendors' facts.
+        with patching.quiet_imports():
+            args = build_parser().parse_args(argv)
+            args.argv = argv
+            prog = f"vendor-graph {args.command}"
+            logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+            status = args.handler(args)
+            sys.stdout.flush()
         return status
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -160,9 +160,3 @@ def cuda_runner_graphs(runner) -> dict:
     if hasattr(runner, "_full_graph_runners"):
         return runner._full_graph_runners
     return runner._runner_map
-
-
-def current_step_context():
-    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
-
-    return get_step_ctx_manager().current_context()

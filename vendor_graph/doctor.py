@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from . import VENDORS, __version__, settings
+from . import VENDORS, __version__, patching, settings
 
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
@@ -192,9 +192,10 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
 
 
 def _torch_npu_lines(version: str) -> list[str]:
-    from .ascend_versions import GENERATION_FACTS, release_of
-    from .npu.paths_table import seqlen_ops
-    from .npu.seqlen import path_for
+    with patching.quiet_imports():  # Ascend's release table, without activating Ascend
+        from .ascend.paths_table import seqlen_ops
+        from .ascend.releases import GENERATION_FACTS, release_of
+        from .ascend.seqlen import path_for
 
     try:
         generation = release_of(version).generation
@@ -239,8 +240,6 @@ def _owner_lines(vendor: str | None) -> list[str]:
             importlib.import_module(f"{compat.DLINFER_EXT_PREFIX}")
         except Exception as exc:  # noqa: BLE001
             out.append(f"  (dlinfer's lmdeploy_ext does not import here: {type(exc).__name__}: {exc})")
-        from . import patching
-
         patching.ensure_owned("doctor")
         activation = patching.active()
         for target, intruder in (activation.displaced if activation is not None else []):

@@ -1,32 +1,18 @@
-"""Stale-graph guard: a captured graph reads fixed addresses it does not own; replaying it after one
-of them moved would read (and, for KV caches, write) freed or foreign memory.
+"""Stale-graph guard: a captured graph reads fixed addresses it does not own (the KV caches in
+``past_key_values``, the model's weights); replaying it after one of them moved would read (and, for KV caches,
+write) freed or foreign memory. Each foreign tensor's data_ptr, shape, dtype and stride are recorded at capture
+and checked before every replay.
 
-A graph reads the runner's own buffers (refilled every step) and tensors the runner does not own:
-the KV caches above all (``past_key_values``), and the model's weights. At capture the guard records
-the identity of each foreign tensor (data_ptr, shape, dtype, stride); before every replay it checks
-them. Runner-agnostic API, in the order a runner calls it:
-
-* ``self.guard = StaleGraphGuard(model)`` in ``__init__``;
-* after a capture succeeded: ``self.guard.record(key, kwargs)`` (the step's kwargs as the runner got
-  them; ``past_key_values`` is read from them);
-* before each replay: ``stale = self.guard.check(key, kwargs)``; ``None`` means replay. Otherwise
-  ``stale.reason`` says what moved (log it), and the runner frees that graph (every graph when
-  ``stale.all_graphs``), calls ``self.guard.forget(key)`` (or ``clear()``) and captures afresh;
-* ``self.guard.invalidate(reason)`` from anything that knows every graph is stale (sleep, wake-up,
-  weight update; lmdeploy 0.16-0.18 call the runner's ``reset()`` from ``ModelAgent.sleep`` and from
-  ``update_params`` / ``_finalize_updated_weights``, and rebuild the runner on a wake-up from
-  ``meta``): the next ``check`` of each key reports it;
-* ``self.guard.clear()`` in the runner's ``reset()``.
+Every graph goes stale at once on sleep, wake-up and weight updates: lmdeploy 0.16-0.18 call the runner's
+``reset()`` from ``ModelAgent.sleep`` and from ``update_params`` / ``_finalize_updated_weights``, and rebuild
+the runner on a wake-up from ``meta``.
 
 Cost per replay: O(1) while ``past_key_values`` is the same container object as at the last full check
-(lmdeploy passes its cache engine's list every step) and no recorded tensor was freed (a weakref
-callback sets a flag, no per-step work); otherwise, and every ``FULL_CHECK_EVERY`` (64) checks, a full
-check: two ``map`` calls over the flattened caches (``data_ptr``, ``id``) and tuple compares, with
-shapes, dtypes and strides compared only when those differ. A new cache engine (a new list) or a
-freed cache tensor is therefore seen at the very next replay; a tensor whose storage is swapped in
-place inside the same list within 64 steps.
-Weights are compared every ``weights_every`` checks (``VENDOR_GRAPH_GUARD_WEIGHTS_EVERY``, default
-256; 0 turns it off), since walking a large model's parameters costs more than a step should.
+(lmdeploy passes its cache engine's list every step) and no recorded tensor was freed (a weakref callback sets a
+flag); otherwise, and every ``FULL_CHECK_EVERY`` checks, a full compare of the flattened caches. A new cache list
+or a freed cache tensor is thus seen at the next replay, storage swapped in place inside the same list only
+within ``FULL_CHECK_EVERY`` steps. Weights are compared only every ``weights_every`` checks, since walking a
+large model's parameters costs more than a step should.
 """
 
 from __future__ import annotations

@@ -250,6 +250,30 @@ class Activation:
 
 _lock = threading.RLock()
 _active: Activation | None = None
+_quiet_depth = 0
+
+
+class quiet_imports:  # noqa: N801 - used as a function: ``with quiet_imports(): ...``
+    """Importing a vendor package (``vendor_graph.ascend`` ...) inside this scope does not activate it.
+
+    For code that reads vendors' facts (buffer spec, release table, attention hook) side by side: the
+    doctor, the CLI, the simulator, the tests. A vendor first imported here activates only through
+    its ``activate()``."""
+
+    def __enter__(self) -> None:
+        global _quiet_depth
+        with _lock:
+            _quiet_depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _quiet_depth
+        with _lock:
+            _quiet_depth -= 1
+
+
+def import_activates() -> bool:
+    """Whether importing a vendor package activates it now (outside :func:`quiet_imports`)."""
+    return _quiet_depth == 0
 
 
 def active() -> Activation | None:

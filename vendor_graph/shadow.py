@@ -1,29 +1,14 @@
-"""Shadow check: every Nth replayed decode step also runs eagerly on the same inputs, and the two
-outputs are compared (``VENDOR_GRAPH_SHADOW=N``; off by default).
+"""Shadow check: every Nth replayed decode step (``VENDOR_GRAPH_SHADOW=N``, off by default) also runs eagerly
+on the same inputs, and the two outputs are compared.
 
-"The same inputs" are the graph's own filled buffers (the kwargs the runner's fill returned), so the
-eager forward reads exactly what the replay read, and writes the same K/V values to the same slots
-the replay just wrote (padding rows write none): running both is safe for the cache. What it checks
-is the graph mechanism itself (a buffer the graph no longer reads, a host value not refreshed, a
-corrupted capture), not padding policy, which the conformance suite covers.
+"The same inputs" are the graph's own filled buffers, so the eager forward reads exactly what the replay read
+and writes the same K/V values to the same slots the replay just wrote (padding rows write none): running both
+is safe for the cache. It checks the graph mechanism (a buffer the graph no longer reads, a host value not
+refreshed, a corrupted capture), not padding policy. The tolerance is relative and per dtype: on hardware a
+graph and an eager run may legitimately differ in the last bits (padding changes kernel tiling).
 
-On a divergence the key, the live and padded batch and the largest difference are logged (WARNING);
-with ``VENDOR_GRAPH_SHADOW_ACTION=eager`` (default) that key runs eager from then on and this step
-returns the eager result, with ``log`` it only logs. ``VENDOR_GRAPH_SHADOW_TOL`` sets the relative
-tolerance (default by dtype: 1e-5 float32, 1e-2 float16, 2e-2 bfloat16): on hardware a graph and an
-eager run may legitimately differ in the last bits (padding changes kernel tiling).
-
-Runner-agnostic API:
-
-* ``self.shadow = ShadowCheck()`` in ``__init__`` (reads the current settings);
-* after a replay: ``if self.shadow.due():`` run ``eager = model.make_output_buffers(model(**padded))``
-  on the filled kwargs, then ``problem = self.shadow.compare(graph_outputs, eager_outputs)`` on the
-  live part of both (``model.get_outputs_cudagraph(buffers, **kwargs)``); ``problem`` is None when
-  they agree; else ``if self.shadow.diverged(label, key, batch, padded_batch, problem):`` switch the
-  key to eager and return the eager outputs.
-
-``due()`` is one integer increment and compare; the compare syncs with the device (only on checked
-steps).
+Cost: one integer increment and compare per replay; only a checked step runs the eager forward and syncs with
+the device.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""Counters of what graph mode did, and the operator-facing reporting around them.
+"""Counters of what graph mode did, and the operator-facing reporting around them (a summary per runner,
+logged once at interpreter exit and on demand, and a capture progress bar).
 
-Runner-agnostic: the Ascend runner uses it, and any other runner (a subclass of lmdeploy's
-``CUDAGraphRunner``) wires it the same way. API, in the order a runner calls it:
-
-* ``self.stats = GraphStats()``; ``register(runner)`` so the summary is logged once at interpreter exit
-  (``atexit``, logger ``vendor_graph``, INFO) and :func:`summaries` returns it on demand (both done by
-  :class:`~vendor_graph.step.StepPolicy`).
-* capture: ``mem = device_memory(torch.<device>)`` before, then on success
-  ``stats.captured(padded_batch, seconds, nbytes=device_memory(...) - mem)``; on failure
-  ``stats.capture_failed(padded_batch)``. Around the captures ``progress = stats.progress(total)``,
-  then ``progress.captured(padded_batch)`` after each, ``progress.done()`` at the first replay (a bar
-  on stderr, only for a terminal and only when more than one size is captured before any replay).
-* replay: ``stats.replayed(padded_batch, real_tokens, padded_tokens)``, inside
-  ``with profile_range("vendor_graph.replay", real_batch, padded_batch):`` (a no-op unless a torch
-  profiler is recording).
-* eager step: ``stats.eager(reason)``; a stale graph recaptured: ``stats.stale(padded_batch)``; a
-  shadow comparison: ``stats.shadowed(padded_batch, diverged)``.
-* ``stats.summary()``: a table (one row per bucket) plus eager steps by reason.
-
-Per step the cost is a dict lookup and a few integer additions.
+Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.step.StepPolicy`, and any other runner
+(a subclass of lmdeploy's ``CUDAGraphRunner``) can do the same. Per step the cost is a dict lookup and a few
+integer additions; :func:`profile_range` is a shared no-op unless a torch profiler is recording.
 """
 
 from __future__ import annotations

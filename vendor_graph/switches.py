@@ -58,9 +58,4 @@ def apply_debug() -> bool:
     return DEBUG
 
 
-def _reset_for_tests() -> None:
-    global _ANNOUNCED
-    _ANNOUNCED = False
-
-
 __all__ = ["DEBUG", "DEBUG_ENV", "DISABLE_ENV", "announce_disabled", "apply_debug", "disabled"]

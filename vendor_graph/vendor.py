@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import compat, lifecycle, patching, settings, switches
+from . import buckets, compat, lifecycle, patching, settings, switches
 from .buffers import BufferSpec
 from .compat import LmdeployApi
 
@@ -36,6 +36,12 @@ class VendorProfile:
     # attn_metadata): buffers lmdeploy's backend owns beside ours (0.18 CUDA step metadata).
     after_make: Callable[[Any, dict, Any], None] | None = None
     after_fill: Callable[[Any, Any], None] | None = None
+    # The default capture sizes for a max_batches (lmdeploy's CUDA runner rule unless the vendor has its own).
+    capture_rule: Callable[[int], list[int]] = buckets.cuda_capture_sizes
+
+    def capture_sizes(self, max_batches: int, explicit: Any = None) -> list[int]:
+        """What this vendor captures for lmdeploy's ``max_batches`` and ``cudagraph_capture_batch_sizes``."""
+        return buckets.capture_sizes(self.capture_rule, max_batches, explicit)
 
     @functools.cached_property
     def spec(self) -> BufferSpec:
@@ -149,3 +155,13 @@ def install(profile: VendorProfile) -> patching.Activation:
             profile.extra_setup(activation)
 
     return patching.activate(profile.name, setup)
+
+
+def activation_on_import(profile: VendorProfile) -> Callable[[], patching.Activation]:
+    """A vendor package's ``activate`` (idempotent), run now: importing the package activates the vendor,
+    except inside :func:`vendor_graph.patching.quiet_imports`."""
+    activate = functools.partial(install, profile)
+    if patching.import_activates():
+        activate()
+    return activate
+

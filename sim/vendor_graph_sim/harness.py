@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -146,7 +147,7 @@ class SideBySide:
         if batch > sizes[-1]:  # ran eager
             return None
         padded = pad_to_bucket(sizes, batch)
-        from vendor_graph.npu.runner import AscendGraphRunner
+        from vendor_graph.ascend.runner import AscendGraphRunner
 
         if isinstance(self.runner, AscendGraphRunner):
             graphs = {k.padded_batch: g.meta for k, g in self.runner.graphs().items()}
@@ -163,7 +164,7 @@ class SideBySide:
         meta = self.graph_meta(batch)
         if meta is None:
             return
-        spec = importlib.import_module(f"vendor_graph.{self.model.vendor}").PROFILE.spec
+        spec = sys.modules[f"vendor_graph.{self.model.vendor}"].PROFILE.spec  # the vendor this pair activated
         live = {BATCH: batch, TOKENS: batch * meta.decode_query_len, BATCH_PLUS_ONE: batch + 1}
         for f in spec.fields:
             tensor = meta.input_buffers.get(f.name)

@@ -14,7 +14,7 @@ lengths held in device tensors are applied with masks over the static capacity o
 HOST sequence lengths (``SymInt[]`` lists, or the host tensors Ascend's ATB ops take) are read on the
 host, as the real kernels do; that is what freezes them into a captured graph.
 
-Operators and where their name and schema come from (``research/torch_npu_api.md`` §4 = "research"):
+Operators and where their name and schema come from ("research": torch_npu's source and notes, no wheel):
 
 ==============================================  =====================================================
 operator                                        source

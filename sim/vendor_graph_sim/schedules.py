@@ -6,7 +6,10 @@ import random
 from dataclasses import dataclass
 
 from vendor_graph import compat
-from vendor_graph.ascend_versions import GENERATION_FACTS
+from vendor_graph.patching import quiet_imports
+
+with quiet_imports():
+    from vendor_graph.ascend.releases import GENERATION_FACTS
 
 from .harness import SideBySide, run
 

@@ -1,59 +1,19 @@
 """A tiny decoder that plugs into lmdeploy's graph-mode contract, on the emulated vendor kernels.
 
-:class:`TinyDecoder` is an ``nn.Module`` mixed with lmdeploy's REAL ``CudaGraphMixin``, so a vendor's
-patches to that mixin (``make_buffers_cudagraph`` / ``fill_buffers_cudagraph`` /
-``update_context_cudagraph`` / ``get_outputs_cudagraph``) apply to it exactly as to a real lmdeploy
-model. Its ``forward`` takes what lmdeploy's graph runners pass (``input_ids (1, T)``,
-``position_ids (1, T)``, ``past_key_values`` = one ``(k_cache, v_cache)`` per layer, ``attn_metadata``
-= the installed release's ``DlinferAttentionMetadata``, ``inputs_embeds``) and returns the hidden
-states ``(1, T, hidden)``; :meth:`TinyDecoder.get_logits` maps them to the vocabulary.
+:class:`TinyDecoder` mixes in lmdeploy's REAL ``CudaGraphMixin``, so a vendor's patches to that mixin
+(``make_buffers_cudagraph`` / ``fill_buffers_cudagraph`` / ``update_context_cudagraph`` /
+``get_outputs_cudagraph``) apply to it exactly as to a real lmdeploy model, and its decode metadata is what
+lmdeploy's own ``<Vendor>OpsBackend.update_step_context`` builds. Vendor quirks it reproduces: Ascend reads host
+sequence lengths, frozen into a captured graph unless the vendor's update path changes them; Camb's int
+``max_kv_seq_len`` is frozen at capture too (a positive value truncates attention); MACA's ``kv_start_indices``
+must be ``(tokens, 1)`` int64, as MACA's backend builds them. Ascend multi-token decode (speculative decoding)
+comes from lmdeploy's non-decoding path (``is_decoding=False``, ``is_multi_token_decoding=True``).
 
-Decode attention per vendor (what each reads from ``attn_metadata``, per lmdeploy release; see
-``vendor_graph.specs``):
+Block 0 is reserved for padding, as lmdeploy does. Math accumulates in float64 and rounds to float32, so a row's
+result does not depend on its batch (eager batch 3 and a graph padded to 4 agree bitwise).
 
-- every vendor writes this step's K/V with ``vendor_graph_sim::fill_kv_cache`` at
-  ``kv_start_indices`` (negative = padding, skipped);
-- ``ascend``: ``npu::npu_fused_infer_attention_score`` (default; ``ascend_attention="fia"``), layout
-  TND over the paged cache, with HOST lists ``actual_seq_lengths`` (cumulative query ends) and
-  ``actual_seq_lengths_kv``: on lmdeploy 0.16/0.17 from the host tensors ``q_seqlens`` /
-  ``kv_seqlens``, on 0.18 from ``cu_seqlens_q_cpu[1:]`` / ``kv_seqlens_cpu``. Alternatives:
-  ``"fia_v2"`` (``npu_fused_infer_attention_score_v2``, ``actual_seq_qlen`` / ``actual_seq_kvlen``) and
-  ``"paged_attention"`` (``atb::_npu_paged_attention``, the host tensor as positional
-  ``context_lens``). Host values are frozen into a captured graph: only the vendor's update path
-  changes them;
-- ``ascend`` MLA variants (``"mla"``, ``"paged_attention_mla"``): a latent-attention layer (DeepSeek
-  style, weights absorbed): one KV head whose key is ``[latent | rope]`` (``kv_lora_rank +
-  qk_rope_head_dim``) and whose value is the latent part (``kv_lora_rank``), so the K and V head dims
-  differ (what makes lmdeploy pass ``is_mla=True``). ``"mla"`` calls
-  ``npu::npu_multi_head_latent_attention.out`` (``ctkv`` / ``k_rope`` = the two parts of the key
-  cache, the host list ``context_lens`` positional at index 5); ``"paged_attention_mla"`` calls
-  ``atb::_npu_paged_attention_mla`` (the whole key cache, the value being its first ``mla_vheadsize``
-  dims, the host tensor ``context_lens`` positional at index 6). Single-token decode only;
-- multi-token decode (speculative decoding, ``query_len`` > 1 tokens per sequence, FIA and FIA v2
-  only): lmdeploy's Ascend backend builds it on its non-decoding path (``is_decoding=False``,
-  ``is_multi_token_decoding=True``, per-token ``kv_start_indices``, cumulative host query lengths and
-  the fixed causal-mask template in ``attention_mask``); the model calls FIA with that mask and
-  ``sparse_mode=3`` (causal inside each sequence's query block, aligned at the bottom right);
-- ``camb``: ``vendor_graph_sim::camb_paged_decode_attention`` with the device ``kv_seqlens`` and the
-  int ``max_kv_seq_len`` (a positive value frozen at capture truncates attention);
-- ``maca``: ``vendor_graph_sim::maca_paged_decode_attention`` with the device ``kv_seqlens``; its
-  ``kv_start_indices`` must be ``(tokens, 1)`` int64, as MACA's backend builds them.
-
-Prefill is not a graph concern: :func:`prefill` runs each prompt eagerly with plain causal attention
-and writes its K/V through the same fill kernel. :class:`DecodeSession` strings it together
-(allocate caches, prefill, greedy decode steps whose metadata lmdeploy's own
-``<Vendor>OpsBackend.update_step_context`` builds), with a hook to run a step some other way (a
-graph runner) for parity tests.
-
-Pinned configuration (:class:`TinyConfig`): 2 layers, hidden 64, 4 query heads, 2 KV heads,
-head_dim 16, SwiGLU MLP 128, vocab 256, RoPE theta 10000, RMSNorm eps 1e-6; KV cache of 128 blocks of
-16 slots (block 0 reserved for padding, as lmdeploy does), at most 8 blocks (128 tokens) per
-sequence; float32 weights drawn from ``torch.Generator().manual_seed(seed)`` (seed 0). Matmuls,
-norms, RoPE and attention accumulate in float64 and round to float32, which makes a row's result
-independent of the batch it is computed in (eager batch 3 and a graph padded to 4 agree bitwise).
-
-Needs lmdeploy (imported at module import). The Ascend op backend imports ``dlinfer``: on a CPU box put
-the stand-in (``sim/vendor_graph_sim/data/standins``) on ``sys.path``.
+Needs lmdeploy at import. The Ascend op backend imports ``dlinfer``: on a CPU box put the stand-in
+(``sim/vendor_graph_sim/data/standins``) on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -71,7 +31,10 @@ import torch
 from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
 from torch import Tensor, nn
 
-from vendor_graph.npu.hook import call_attention
+from vendor_graph.patching import quiet_imports
+
+with quiet_imports():  # the attention hook, not the vendor: the tiny model serves every vendor
+    from vendor_graph.ascend.hook import call_attention
 
 from . import kernels
 

@@ -1,4 +1,4 @@
-"""lmdeploy's CUDA graph runner, adopted by vendor_graph for Camb and MACA (``vendor_graph.cuda_runner``):
+"""lmdeploy's CUDA graph runner, adopted by vendor_graph for Camb and MACA (``vendor_graph.adopted``):
 faults cost speed, never answers. Runs on the simulator and, with ``--graph-backend cuda``, on real
 CUDA graphs."""
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from vendor_graph_sim import harness
 
-import vendor_graph.npu.hook as hook
+import vendor_graph.ascend.hook as hook
 from vendor_graph import faults
 
 

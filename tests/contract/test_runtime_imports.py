@@ -45,7 +45,7 @@ def min_torch() -> Version:
 
 def test_runtime_modules_are_found() -> None:
     modules = runtime_modules()
-    assert {"vendor_graph.buffers", "vendor_graph.npu.runner", "vendor_graph.npu.seqlen"} <= set(modules)
+    assert {"vendor_graph.buffers", "vendor_graph.ascend.runner", "vendor_graph.ascend.seqlen"} <= set(modules)
     assert not any(m.startswith("vendor_graph_sim") for m in modules)
 
 

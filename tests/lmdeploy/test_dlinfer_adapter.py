@@ -1,4 +1,4 @@
-"""dlinfer's Ascend decode attention routed through vendor_graph.npu.hook.call_attention (stand-in dlinfer).
+"""dlinfer's Ascend decode attention routed through vendor_graph.ascend.hook.call_attention (stand-in dlinfer).
 
 The stand-in modules (the simulator package's dlinfer/vendor/ascend/{attention,torch_npu_ops}.py) call the
 same operators with the same keyword spellings as dlinfer; ``vendor_graph_sim.kernels`` gives those
@@ -15,9 +15,9 @@ import torch
 from vendor_graph_sim import kernels  # noqa: F401  (registers the emulated Ascend operators)
 
 import vendor_graph
-from vendor_graph import ascend_versions, patching
-from vendor_graph.npu import dlinfer_adapter, hook
-from vendor_graph.npu.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
+from vendor_graph import patching
+from vendor_graph.ascend import dlinfer_adapter, hook, releases
+from vendor_graph.ascend.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
 
 ATTENTION = dlinfer_adapter.ATTENTION_MODULE
 OPS = dlinfer_adapter.OPS_MODULE
@@ -141,7 +141,7 @@ def test_ascend_activation_wires_the_adapter(activate):
     import_ops()
     activate("ascend")
     if not dlinfer_adapter.is_routed(current(ATTENTION, "decode_attention")):
-        pytest.skip("vendor_graph.ascend does not call vendor_graph.npu.dlinfer_adapter.install yet")
+        pytest.skip("vendor_graph.ascend does not call vendor_graph.ascend.dlinfer_adapter.install yet")
     assert_routed_everywhere()
 
 
@@ -188,7 +188,7 @@ def test_routed_tasks_register_with_a_capture_scope_and_refresh():
 
     npu = types.SimpleNamespace(ExternalEvent=Event, graph_task_group_begin=lambda s: None,
                                 graph_task_group_end=lambda s: "handle")
-    caps = Capabilities("2.9.0", "G3b", dict(ascend_versions.GENERATION_FACTS["G3b"]), "table")
+    caps = Capabilities("2.9.0", "G3b", dict(releases.GENERATION_FACTS["G3b"]), "table")
     scope = hook.CaptureScope(npu=npu, capabilities=caps, stream="stream", auto_dispatch=True)
     with scope:
         run_paged(ops, "pa")

@@ -1,4 +1,4 @@
-"""Mutation checks: each classic graph-mode failure (DESIGN.md §2) put back into the shipped code,
+"""Mutation checks: each classic graph-mode failure put back into the shipped code,
 and the suite must catch it.
 
 Each case copies ``vendor_graph/`` to a temporary directory, applies one textual change to the shipped module
@@ -37,18 +37,18 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "padding kv_start_indices -1 changed to 0", "specs/ascend.py",
+        "padding kv_start_indices -1 changed to 0", "ascend/spec.py",
         'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=-1,',
         'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=0,',
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "Camb max_kv_seq_len left at the value frozen at capture", "specs/cuda_style.py",
+        "Camb max_kv_seq_len left at the value frozen at capture", "cuda_style.py",
         'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',
         'constants={api.max_q_attr: _derive_from_tensor},',
         ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),
         needs="camb"),
     Mutation(
-        "Ascend seq-len update skipped", "npu/runner.py",
+        "Ascend seq-len update skipped", "ascend/runner.py",
         "        self._refresh_seqlens(graph, lens)\n",
         "",
         (f"{ASCEND_PARITY}[fia-G5]", f"{ASCEND_PARITY}[fia-G1]")),
@@ -63,7 +63,7 @@ MUTATIONS = (
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "graph looked up by the live batch instead of its bucket", "npu/runner.py",
+        "graph looked up by the live batch instead of its bucket", "ascend/runner.py",
         "padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),",
         "padded_batch=self._wanted(batch),",
         (f"{ASCEND_PARITY}[fia-G5]",)),

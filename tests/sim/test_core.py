@@ -1,4 +1,4 @@
-"""Graph semantics of the simulator core (DESIGN.md §4.1) on the generic ``torch.npu``."""
+"""Graph semantics of the simulator core on the generic ``torch.npu``."""
 
 import gc
 

@@ -4,11 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vendor_graph.ascend.buckets import ascend_bucket, ascend_capture_sizes
 from vendor_graph.buckets import (
     MAX_BATCHES_LIMIT,
     BucketTypeError,
-    ascend_bucket,
-    ascend_capture_sizes,
     capture_sizes,
     cuda_capture_sizes,
     explicit_capture_sizes,
@@ -66,7 +65,7 @@ def test_ascend_bucket_three_tiers(batch, bucket):
 def test_explicit_sizes_honoured_like_lmdeploy():
     assert explicit_capture_sizes([8, 1, 8, 300, 4], 64) == [1, 4, 8, 64]
     assert explicit_capture_sizes([64], 64) == [64]
-    assert capture_sizes("ascend", 64, explicit=[3, 5]) == [3, 5, 64]
+    assert capture_sizes(ascend_capture_sizes, 64, explicit=[3, 5]) == [3, 5, 64]
 
 
 def test_explicit_sizes_agree_with_lmdeploy_normalisation():
@@ -153,7 +152,7 @@ def test_max_batches_type_errors_are_type_errors(bad):
     with pytest.raises(TypeError, match="max_batches"):
         explicit_capture_sizes([4], bad)
     with pytest.raises(TypeError, match="max_batches"):
-        capture_sizes("ascend", bad)
+        capture_sizes(ascend_capture_sizes, bad)
 
 
 def test_integers_with_index_are_accepted():
@@ -196,7 +195,7 @@ def test_explicit_sizes_that_are_not_ints_are_type_errors(bad):
 def test_huge_max_batches_fails_fast_with_the_reason():
     start = time.perf_counter()
     for policy in (ascend_capture_sizes, cuda_capture_sizes, lambda m: explicit_capture_sizes([4], m),
-                   lambda m: capture_sizes("maca", m)):
+                   lambda m: capture_sizes(cuda_capture_sizes, m)):
         for huge in (MAX_BATCHES_LIMIT + 1, 100_000_000, 10**18):
             with pytest.raises(ValueError, match=f"above {MAX_BATCHES_LIMIT}.*max_batch_size defaults"):
                 policy(huge)
@@ -207,10 +206,13 @@ def test_huge_max_batches_fails_fast_with_the_reason():
     assert len(cuda_capture_sizes(MAX_BATCHES_LIMIT)) < 300
 
 
-def test_capture_sizes_refuses_an_unknown_vendor():
-    with pytest.raises(ValueError, match="no capture-size rule for vendor 'banana'"):
-        capture_sizes("banana", 16)
-    assert capture_sizes("cuda", 16) == capture_sizes("camb", 16) == cuda_capture_sizes(16)
+def test_each_vendor_has_its_rule():
+    import importlib
+
+    profiles = {v: importlib.import_module(f"vendor_graph.{v}").PROFILE for v in ("ascend", "camb", "maca", "cuda")}
+    assert profiles["ascend"].capture_sizes(48) == ASCEND_TABLE[48]
+    assert all(profiles[v].capture_sizes(1000) == CUDA_TABLE[1000] for v in ("camb", "maca", "cuda"))
+    assert profiles["camb"].capture_sizes(16, [3, 5]) == [3, 5, 16]
 
 
 def test_type_errors_are_still_value_errors_for_existing_callers():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vendor_graph.ascend.spec import ascend_spec
 from vendor_graph.buffers import (
     BATCH,
     BufferField,
@@ -17,9 +18,9 @@ from vendor_graph.buffers import (
     Placement,
     Ref,
 )
+from vendor_graph.camb.spec import camb_spec
 from vendor_graph.compat import LmdeployApi
-from vendor_graph.specs.ascend import ascend_spec
-from vendor_graph.specs.cuda_style import camb_spec, maca_spec
+from vendor_graph.maca.spec import maca_spec
 
 API_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
 API_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)
@@ -134,7 +135,7 @@ def test_ascend_host_seqlens_stay_on_the_host_and_match_live_values():
         live = (live_attn.kv_seqlens_cpu if name.endswith("0.18") else live_attn.kv_seqlens).tolist()
         spec.fill(meta, inputs, live_attn)
         host = meta.input_buffers["kv_seqlens"]
-        assert spec.field("kv_seqlens").placement is Placement.HOST and host.device.type == "cpu"
+        assert spec.by_name("kv_seqlens").placement is Placement.HOST and host.device.type == "cpu"
         assert host.tolist() == live + [0, 0]
     _, _, attn, _ = capture(SPECS["ascend-0.17"], "ascend-0.17", graph_batch=8, batch=5)
     assert attn.max_kv_seq_len is None  # 0.17 decode: no frozen max

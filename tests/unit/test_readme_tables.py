@@ -1,7 +1,7 @@
 import re
 from pathlib import Path
 
-from vendor_graph.npu.paths_table import seqlen_path_table
+from vendor_graph.ascend.paths_table import seqlen_path_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vendor_graph import ascend_versions, settings
-from vendor_graph.npu import seqlen
-from vendor_graph.npu.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
+from vendor_graph import settings
+from vendor_graph.ascend import releases, seqlen
+from vendor_graph.ascend.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
 
 EXPECTED_FIA = {"G0": "none", "G1": "task-update", "G2a": "task-update", "G2b": "graph-update",
                 "G2c": "graph-update", "G3a": "graph-update", "G3b": "graph-update", "G4": "graph-update",
@@ -15,11 +15,11 @@ EXPECTED_FIA = {"G0": "none", "G1": "task-update", "G2a": "task-update", "G2b": 
 
 @pytest.mark.parametrize("generation", sorted(EXPECTED_FIA))
 def test_fia_path_per_generation(generation):
-    assert path_for(ascend_versions.GENERATION_FACTS[generation], FIA) == EXPECTED_FIA[generation]
+    assert path_for(releases.GENERATION_FACTS[generation], FIA) == EXPECTED_FIA[generation]
 
 
 def test_g2a_plain_name_branch_never_matches_a_default_call():
-    facts = ascend_versions.GENERATION_FACTS["G2a"]
+    facts = releases.GENERATION_FACTS["G2a"]
     assert path_for(facts, FIA, ".default") == "task-update"  # the suspected silent no-op is avoided
     assert path_for(facts, FIA, ".out") == "graph-update"
 
@@ -32,11 +32,11 @@ def test_g2a_plain_name_branch_never_matches_a_default_call():
 ])
 def test_other_ops_paths(op, paths):
     for generation, path in paths.items():
-        assert path_for(ascend_versions.GENERATION_FACTS[generation], op) == path, generation
+        assert path_for(releases.GENERATION_FACTS[generation], op) == path, generation
 
 
 def test_mla_out_calls_use_graph_update_from_g3a():
-    assert path_for(ascend_versions.GENERATION_FACTS["G3a"], MLA, ".out") == "graph-update"
+    assert path_for(releases.GENERATION_FACTS["G3a"], MLA, ".out") == "graph-update"
 
 
 @pytest.mark.parametrize("version,path", [
@@ -60,7 +60,7 @@ def test_installed_release_is_read_without_importing_torch_npu(monkeypatch):
 
 
 def test_forced_path(monkeypatch):
-    caps = seqlen.Capabilities("2.9.0", "G3a", dict(ascend_versions.GENERATION_FACTS["G3a"]), "table")
+    caps = seqlen.Capabilities("2.9.0", "G3a", dict(releases.GENERATION_FACTS["G3a"]), "table")
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "task-update")
     settings.load()  # as activation and every runner build do
     assert caps.path(FIA) == "task-update"

@@ -201,7 +201,7 @@ def test_settings_are_frozen_and_current_is_the_last_good_parse(monkeypatch):
 
 def test_each_field_is_its_variable_and_the_modules_use_those_names():
     from vendor_graph import compat, guard, shadow, stats
-    from vendor_graph.npu import limits, seqlen
+    from vendor_graph.ascend import limits, seqlen
 
     assert [s.name for s in settings.SETTINGS.values()] == [
         "VENDOR_GRAPH_" + f.name.upper() for f in dataclasses.fields(settings.Settings)]
@@ -264,7 +264,8 @@ def _builder():
         built.append(backend_config)
         return _Runner()
 
-    profile = vendor.VendorProfile(name="ascend", build_spec=lambda api: None)
+    profile = vendor.VendorProfile(name="ascend", build_spec=lambda api: None,
+                                   build_runner=lambda original, *args, **kwargs: original(*args, **kwargs))
     wrapped = vendor._wrap_builder(profile, original)
     return (lambda: wrapped(None, None, None, SimpleNamespace(eager_mode=False), "cpu")), built
 
@@ -310,8 +311,8 @@ def test_a_conflicting_vendor_names_only_real_vendors(monkeypatch):
 
 
 def test_the_event_budget_says_why_no_graph_fits():
-    from vendor_graph.npu import limits
-    from vendor_graph.npu.seqlen import TASK_UPDATE
+    from vendor_graph.ascend import limits
+    from vendor_graph.ascend.seqlen import TASK_UPDATE
 
     result = limits.fit_capture_sizes(2, [1, 2, 4], TASK_UPDATE, budget=1)
     assert result.kept == [] and result.off_reason == (

@@ -2,7 +2,7 @@
 
 Offline and fast: everything is read from ``sim/vendor_graph_sim/data/torch_npu_manifests/*.json``, which
 ``tools/torch_npu_manifest.py`` extracted from the PyPI wheels.  The expected
-values are the facts of ``shared/research/torch_npu_api.md``.
+values are the facts read from torch_npu's source.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 TOOL = ROOT / "tools" / "torch_npu_manifest.py"
-MODULE = ROOT / "vendor_graph" / "ascend_versions.py"
+MODULE = ROOT / "vendor_graph" / "ascend" / "releases.py"
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -1,7 +1,7 @@
 """Graph mode for lmdeploy on Cambricon MLU: ``import vendor_graph.camb`` before lmdeploy starts.
 
 Camb runs lmdeploy's own CUDA graph runner (torch_mlu exposes a CUDA-style graph API), adopted by
-vendor_graph (:mod:`vendor_graph.cuda_runner`: stats, fault handling), with vendor_graph's buffers:
+vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
 ``kv_start_indices`` int32 over the batch, padded with -1, and ``max_kv_seq_len`` / the max-q field
 set to -1 so the kernel derives them from the tensors instead of using the values frozen at capture.
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 
-from ..cuda_runner import build_adopted_runner
-from ..specs.cuda_style import camb_spec
-from ..vendor import VendorProfile, install
+from ..adopted import build_adopted_runner
+from ..vendor import VendorProfile, activation_on_import
+from .spec import camb_spec
 
 PROFILE = VendorProfile(name="camb", build_spec=camb_spec,
                         build_runner=functools.partial(build_adopted_runner, vendor="camb"))
-activate = functools.partial(install, PROFILE)  # idempotent; importing this module already did
-activate()
+activate = activation_on_import(PROFILE)
 
 __all__ = ["PROFILE", "activate", "camb_spec"]

@@ -1,8 +1,8 @@
 """The CUDA reference vendor: ``import vendor_graph.cuda`` before lmdeploy starts, on an NVIDIA GPU.
 
 It exists to prove the package inside lmdeploy's real PyTorch engine on real graphs: lmdeploy's own
-CUDA graph runner, adopted by vendor_graph (:mod:`vendor_graph.cuda_runner`), with vendor_graph's
-buffers for what lmdeploy 0.18's Triton decode attention reads (:mod:`vendor_graph.specs.cuda`) in
+CUDA graph runner, adopted by vendor_graph (:mod:`vendor_graph.adopted`), with vendor_graph's
+buffers for what lmdeploy 0.18's Triton decode attention reads (:mod:`vendor_graph.cuda.spec`) in
 place of lmdeploy's. Greedy tokens must equal lmdeploy's own graph mode on the same model.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 
-from ..cuda_runner import build_adopted_runner
-from ..specs.cuda import cuda_spec, fill_step_meta_buffers, make_step_meta_buffers
-from ..vendor import VendorProfile, install
+from ..adopted import build_adopted_runner
+from ..vendor import VendorProfile, activation_on_import
+from .spec import cuda_spec, fill_step_meta_buffers, make_step_meta_buffers
 
 PROFILE = VendorProfile(
     name="cuda",
@@ -22,7 +22,6 @@ PROFILE = VendorProfile(
     after_make=make_step_meta_buffers,
     after_fill=fill_step_meta_buffers,
 )
-activate = functools.partial(install, PROFILE)  # idempotent; importing this module already did
-activate()
+activate = activation_on_import(PROFILE)
 
 __all__ = ["PROFILE", "activate", "cuda_spec"]

@@ -1,50 +1,21 @@
-"""A CPU simulator of accelerator graph mode: a fake ``npu`` device, graph capture/replay, streams,
-events, and simulated ``torch_npu`` modules for every graph-API generation (G0 … G5).
+"""A CPU simulator of accelerator graph mode: a fake ``npu`` device, graph capture/replay, streams, events, and
+simulated ``torch_npu`` modules for every graph-API generation (G0 … G5), generated from the wheel manifests and
+:data:`vendor_graph.ascend.releases.GENERATION_FACTS`. Use it in its own process: torch allows one PrivateUse1
+backend name per process.
 
-It reproduces what makes graph mode hard (DESIGN.md §4.1):
+Reproduced: capture executes nothing (outputs hold poison until the first replay); replay re-runs the recorded
+work on current contents, allocating from a shareable pool whose address reuse lets one graph's replay clobber
+another's freed output; host values are frozen at capture except through the vendor's update API; a
+device-to-host sync during capture raises :class:`SimCaptureError`; ``config.eager_drain = False`` defers all
+stream work to sync points, exposing host/device races.
 
-- **capture executes nothing**: ops issued on a capturing stream are recorded, tensors are not written,
-  captured outputs hold poison (NaN / iinfo.max / True) until the first replay;
-- **replay re-runs the recorded work** on the same tensors, reading their current contents; memory
-  allocated during capture comes from the graph's pool (shareable between graphs, with address reuse
-  once a tensor is freed, so one graph's replay can clobber another's freed output);
-- **host values are frozen at capture** (Python ints and lists, host tensors passed to an op) and change
-  only through the vendor's update API (``NPUGraph.update`` or the task-group API);
-- **a device-to-host sync during capture fails** (``.item()``, ``.tolist()``, ``.cpu()``, a blocking
-  copy, ``synchronize()``, data-dependent shapes such as ``nonzero``) with :class:`SimCaptureError`,
-  leaving the capture aborted (the graph cannot be replayed);
-- **streams are ordered queues of deferred work** with events, including torch_npu's ``ExternalEvent``;
-  ``config.eager_drain = False`` defers all work to sync points so host/device races become visible;
-- **each torch_npu generation's graph API**, generated from the wheel manifests and
-  :data:`vendor_graph.ascend_versions.GENERATION_FACTS`.
-
-Use it in its own process (torch allows one PrivateUse1 backend name per process)::
-
-    from vendor_graph_sim import device as sim
-    sim.install()                       # torch.npu is now the simulated device module
-    with sim.use_torch_npu("G3a") as torch_npu:
-        g = torch_npu.npu.NPUGraph()
-        ...
-
-Suspected behaviours, to confirm on hardware (switches in :data:`config`; defaults = the suspicion):
-
-- ``config.external_event_blocks_replay`` (True): a task captured with ``auto_dispatch_capture`` waits
-  on its ExternalEvent at every replay, so every replay needs a matching ``NPUGraph.update()``
-  (torch_npu_api.md §4.1). A replay without one holds the stream; the next sync raises
-  :class:`SimDeadlockError`.
-- ``config.g2a_plain_name_matches_default`` (False): on G2a (2.1.0.post13, 2.5.1.post1, 2.6.0) an FIA
-  ``.default`` call is not intercepted, so ``update()`` is a silent no-op (§4.2); check
-  ``len(graph.graph_dispatch_mode.graph_dispatch_records)`` on hardware.
-- Regular ``Event`` waits follow CUDA semantics (a wait targets the latest record issued before it; a
-  wait on a never-recorded event is a no-op); a capturing stream may not wait on an Event recorded
-  outside the capture (use ExternalEvent). Not verified for ACL.
-- The CUDA-style API refuses capture on the default stream (CUDA does; unknown for the NPU, whose
-  ``graph()`` captures on its own ``default_capture_stream`` unless told otherwise).
-- Not simulated: pinned memory (``pin_memory()`` fails once the device is installed), RNG in graphs
-  (random factories captured in a graph replay the capture-time values), ``make_graphed_callables``,
-  the G3b+ op-handler hooks (``register_npu_graph_handler`` registers ops with the default
-  "existing keys only" rule), C-level ``NPUGraph`` extras (``debug_dump`` before G3a), threads
-  (the current stream is process-global).
+Suspected, unconfirmed on hardware (switches in :data:`config`, defaults = the suspicion): an
+``auto_dispatch_capture`` task waits on its ExternalEvent at every replay, so a replay without a matching
+``NPUGraph.update()`` deadlocks (:class:`SimDeadlockError`); on G2a (2.1.0.post13, 2.5.1.post1, 2.6.0) an FIA
+``.default`` call is not intercepted, so ``update()`` is a silent no-op (on hardware check
+``len(graph.graph_dispatch_mode.graph_dispatch_records)``); ``Event`` waits follow CUDA semantics. Not
+simulated: pinned memory (``pin_memory()`` fails once installed), RNG in graphs, ``make_graphed_callables``,
+the G3b+ op-handler hooks, threads (the current stream is process-global).
 """
 
 from __future__ import annotations

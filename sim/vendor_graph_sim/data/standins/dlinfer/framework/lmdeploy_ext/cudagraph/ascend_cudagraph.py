@@ -14,6 +14,6 @@ class AscendGraphRunner(GraphRunner):
 
 
 def get_ascend_compatible_size(n: int) -> int:
-    from vendor_graph.buckets import ascend_bucket
+    from vendor_graph.ascend.buckets import ascend_bucket
 
     return ascend_bucket(n)

@@ -17,7 +17,9 @@ from .. import buckets, stats, switches
 from ..key import GraphKey
 from ..step import CaptureFailed, GraphBackend, StepPolicy
 from . import hook, limits
+from .buckets import ascend_capture_sizes
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
+from .spec import HOST_KV_SEQLENS
 
 logger = logging.getLogger("vendor_graph")
 
@@ -69,8 +71,8 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         super().__init__(model, model_config, cache_config, backend_config, device)
         self.num_blocks = cache_config.num_gpu_blocks
         self.max_batches = cache_config.max_batches
-        self._sizes = buckets.capture_sizes(
-            "ascend", cache_config.max_batches, getattr(cache_config, "cudagraph_capture_batch_sizes", None))
+        self._sizes = buckets.capture_sizes(ascend_capture_sizes, cache_config.max_batches,
+                                            getattr(cache_config, "cudagraph_capture_batch_sizes", None))
         self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
         self._off_reason = "graph mode off for this model or step"
         if switches.disabled():
@@ -300,7 +302,7 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
     def _check_reach(npu_graph: Any, tasks: list[hook.AttentionTask]) -> str | None:
         """Why the update would miss a registered task, or None when every task is reached."""
         if not tasks:
-            return ("no attention op registered through vendor_graph.npu.hook.call_attention during capture; "
+            return ("no attention op registered through vendor_graph.ascend.hook.call_attention during capture; "
                     "its host KV lengths would stay frozen at their capture values")
         wanted = sum(1 for t in tasks if t.path == GRAPH_UPDATE)
         if wanted:
@@ -315,7 +317,7 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         npu = self._npu
         graph = self._graphs[key]
         self._bind(graph, kwargs)
-        lens = graph.meta.input_buffers["kv_seqlens"].tolist()  # host buffer: no device sync
+        lens = graph.meta.input_buffers[HOST_KV_SEQLENS].tolist()  # host buffer: no device sync
         self._refresh_seqlens(graph, lens)
         graph.graph.replay()
         # The fence: the next step's refresh must not rewrite these tasks while this replay runs.

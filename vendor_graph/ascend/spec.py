@@ -24,8 +24,8 @@ state_offsets, mrope_position_ids, and ``moe_metadata.x_active_mask`` (MC2 MoE; 
 
 The host seq lens cannot reach a captured graph through a buffer write: the runner refreshes them in
 the captured attention tasks after each fill (``vendor_graph.ascend`` runner, seq-len updater). In
-``input_buffers`` the host KV lengths are ``kv_seqlens`` (the name the update path reads) and the
-device copy is ``kv_seqlens_device``.
+``input_buffers`` the host KV lengths are :data:`HOST_KV_SEQLENS` and the device copy is
+``kv_seqlens_device``.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def _max_kv_len_cap(dims, attn_metadata) -> int:
     return dims.blocks * int(attn_metadata.block_size)
 
 
+HOST_KV_SEQLENS = "kv_seqlens"  # the host buffer of KV lengths the runner's seq-len refresh reads each replay
+
+
 def ascend_spec(api: LmdeployApi) -> BufferSpec:
     common = (
         *model_input_fields(),
@@ -82,7 +85,7 @@ def ascend_spec(api: LmdeployApi) -> BufferSpec:
             BufferField("kv_seqlens_device", (BATCH,), torch.int32, pad=0,
                         source=Ref.attn("kv_seqlens"),
                         bind=(Ref.attn("kv_seqlens"), Ref.context("kv_seqlens"))),
-            BufferField("kv_seqlens", (BATCH,), torch.int32, pad=0, placement=HOST,
+            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=0, placement=HOST,
                         source=Ref.attn("kv_seqlens_cpu"), bind=(Ref.attn("kv_seqlens_cpu"),)),
             BufferField("q_seqlens", (BATCH,), None, pad=0, static=query_lens,
                         source=Ref.attn("q_seqlens"), bind=(Ref.attn("q_seqlens"),)),
@@ -98,7 +101,7 @@ def ascend_spec(api: LmdeployApi) -> BufferSpec:
         release = (
             BufferField("kv_seqlens_device", (BATCH,), torch.int32, pad=0,
                         source=Ref.context("kv_seqlens"), bind=(Ref.context("kv_seqlens"),)),
-            BufferField("kv_seqlens", (BATCH,), torch.int32, pad=0, placement=HOST,
+            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=0, placement=HOST,
                         source=Ref.attn("kv_seqlens"), bind=(Ref.attn("kv_seqlens"),)),
             BufferField("q_seqlens", (BATCH,), torch.int32, pad=0, placement=HOST,
                         static=query_cumulative_ends, bind=(Ref.attn("q_seqlens"),)),

@@ -1,54 +1,22 @@
-"""Route dlinfer's Ascend decode attention through :func:`vendor_graph.npu.hook.call_attention`.
+"""Route dlinfer's Ascend decode attention through :func:`vendor_graph.ascend.hook.call_attention`.
 
-lmdeploy's Ascend backend runs its decode attention through dlinfer
-(``dlinfer.ops.paged_decode_attention`` -> ``dlinfer.vendor.ascend.torch_npu_ops.paged_decode_attention``),
-which calls two module-level functions, ``decode_attention`` and ``decode_attention_mla``. Those call
-the Ascend kernels directly (``torch.ops.atb._npu_paged_attention``,
-``torch.ops.npu.npu_fused_infer_attention_score``, ``torch.ops.atb._npu_paged_attention_mla``) and do
-their own graph bookkeeping only while dlinfer's class-level flag ``AscendGraphRunner.capturing`` is
-set. vendor_graph's runner never sets that flag (dlinfer's runner is not built when
-``vendor_graph.ascend`` is active), so without this adapter the kernels would be captured with their
-host KV lengths frozen and nothing registered to refresh them (the runner then refuses the graph:
-"no attention op registered").
+dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly and do graph bookkeeping
+only while dlinfer's ``AscendGraphRunner.capturing`` is set; vendor_graph never sets it, so unrouted the kernels
+would be captured with their host KV lengths frozen. That flag set during our capture means dlinfer's runner is
+capturing too and both would record the same task: the wrapper raises.
 
-What :func:`install` does, once each dlinfer module has finished importing (either import order):
-it replaces ``decode_attention`` and ``decode_attention_mla`` in every dlinfer module that binds them
-(``dlinfer.vendor.ascend.attention`` defines them; ``dlinfer.vendor.ascend.torch_npu_ops`` imports
-them by name and looks them up as module globals at each call) with a thin wrapper, registered as a
-reversible :class:`vendor_graph.patching.Patch`. Outside a vendor_graph capture the wrapper is one
-extra Python call around dlinfer's own function. During a capture (a :class:`~vendor_graph.npu.hook.
-CaptureScope` is open in this context) it runs dlinfer's function under a ``TorchDispatchMode`` that
-sends each Ascend attention operator it reaches (the ops of :data:`vendor_graph.npu.seqlen.
-ATTENTION_OPS`) through ``call_attention``; every other operator runs unchanged. dlinfer's own code
-therefore keeps choosing layouts, views and kernels per version, and its tasks register with our
-runner, which picks the update path per op. dlinfer's bookkeeping keyed on
-``AscendGraphRunner.capturing`` cannot fire as well: if that flag is found set during one of our
-captures (dlinfer's runner capturing at the same time), the wrapper raises instead of letting both
-record the same task, and the runner runs that key eager with the reason.
+Checked only against the simulator's stand-in (dlinfer's wheels are aarch64 and import torch_npu).
+``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so every module
+binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
 
-Verified against a stand-in only: dlinfer cannot be imported on a CPU machine (its wheels are aarch64
-and import torch_npu). The stand-in (the simulator package's ``dlinfer/vendor/ascend/{attention,torch_npu_ops}.py``)
-has the same module and function names and calls the same operators with the same argument spellings
-as the versions below. Function names this adapter expects:
-
-=============================  ===========================================================================
-dlinfer version                where ``decode_attention`` / ``decode_attention_mla`` live; kernels reached
-=============================  ===========================================================================
-dlinfer-ascend 0.2.7 (PyPI)    defined in ``vendor.ascend.attention``, imported by name into
-                               ``vendor.ascend.torch_npu_ops``; outside dlinfer's capture flag the decode
-                               kernel is ``atb._npu_paged_attention(..., context_lens=kv_seq_len, out=)``,
-                               MLA is ``atb._npu_paged_attention_mla(..., context_lens=kv_seq_len, out=)``
-GitHub main (0.2.8, 2026)      same modules and names; ``decode_attention`` gains ``q_seq_len`` and the
-                               quantised-KV arguments; its default kernel is the functional
-                               ``npu.npu_fused_infer_attention_score(..., input_layout="TND",
-                               actual_seq_lengths_kv=kv_seq_len)``; MLA unchanged
-older GitHub revisions         both functions defined in ``vendor.ascend.torch_npu_ops`` itself (no
-                               ``attention`` module); patched there
-=============================  ===========================================================================
-
-A module that is imported but lacks an expected function is reported with ``logger.error`` naming it;
-nothing is patched in its place. The runner's post-capture check then refuses graphs whose attention
-did not register, so the failure mode is "eager, with the reason logged", never stale lengths.
+===========================  ==========================================================================
+dlinfer-ascend 0.2.7 (PyPI)  defined in ``vendor.ascend.attention``, imported into ``vendor.ascend.torch_npu_ops``;
+                             ``atb._npu_paged_attention[_mla](..., context_lens=kv_seq_len, out=)``
+GitHub main (0.2.8, 2026)    same; ``decode_attention`` gains ``q_seq_len`` and quantised-KV arguments and
+                             defaults to ``npu.npu_fused_infer_attention_score(..., input_layout="TND",
+                             actual_seq_lengths_kv=kv_seq_len)``; MLA unchanged
+older GitHub revisions       both defined in ``vendor.ascend.torch_npu_ops`` (no ``attention`` module)
+===========================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -159,9 +127,9 @@ def _patch_module(activation: patching.Activation, module_name: str, module: Any
     for name in missing:
         logger.error(
             "vendor_graph.ascend: %s.%s is missing (expected in %s); dlinfer's Ascend decode attention cannot "
-            "be routed through vendor_graph.npu.hook.call_attention, so graphs whose attention does not "
+            "be routed through vendor_graph.ascend.hook.call_attention, so graphs whose attention does not "
             "register will run eager. Check the installed dlinfer version against "
-            "vendor_graph.npu.dlinfer_adapter's table", module_name, name, EXPECTED_VERSIONS)
+            "vendor_graph.ascend.dlinfer_adapter's table", module_name, name, EXPECTED_VERSIONS)
 
 
 def install(activation: patching.Activation) -> None:

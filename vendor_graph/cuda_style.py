@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
-from ..compat import LmdeployApi
-from ..fields import (
+from .buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
+from .compat import LmdeployApi
+from .fields import (
     adapter_ids_field,
     block_table_field,
     context_query_fields,
@@ -49,13 +49,3 @@ def cuda_style_spec(vendor: str, api: LmdeployApi, kv_start_shape: tuple, kv_sta
         fields=fields,
         constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},
     )
-
-
-def camb_spec(api: LmdeployApi) -> BufferSpec:
-    """Camb: ``kv_start_indices`` int32 over the batch."""
-    return cuda_style_spec("camb", api, kv_start_shape=(BATCH,), kv_start_dtype=torch.int32)
-
-
-def maca_spec(api: LmdeployApi) -> BufferSpec:
-    """MACA: ``kv_start_indices`` int64 shaped ``(max_batches, 1)``."""
-    return cuda_style_spec("maca", api, kv_start_shape=(BATCH, 1), kv_start_dtype=torch.int64)

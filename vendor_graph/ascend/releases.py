@@ -4,8 +4,7 @@ The graph API of torch_npu (``NPUGraph``, ``NPUGraph.update``, the task-group
 functions) follows Huawei's release trains, not the version number: e.g.
 2.7.1.post11 has the newest API while 2.8.0 is a generation behind
 2.8.0.post2.  So no ``__version__ >= X`` gate is right for every wheel.  This
-module maps every torch_npu release on PyPI to its generation (G0 … G5, see
-``shared/research/torch_npu_api.md`` §2) and records what each generation's
+module maps every torch_npu release on PyPI to its generation (G0 … G5) and records what each generation's
 graph API offers.  The facts were read from the wheels by
 ``tools/torch_npu_manifest.py`` (see ``sim/vendor_graph_sim/data/torch_npu_manifests/``); runtime feature
 detection remains the primary signal, this table the documented fallback.
@@ -158,7 +157,7 @@ GENERATION_NOTES: dict[str, str] = {
 
 # BEGIN GENERATED TABLE (tools/torch_npu_manifest.py --write-table; do not edit)
 # source 'manifest': sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json, read from the
-# wheel; source 'research': shared/research/torch_npu_api.md only.
+# wheel; source 'research': from torch_npu's source and notes, no manifest.
 RELEASES: tuple[Release, ...] = (
     Release("2.1.0.post8", "G0", "2024-10-29", "manifest"),
     Release("2.1.0.post10", "G0", "2025-01-04", "manifest"),

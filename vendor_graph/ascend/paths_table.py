@@ -21,7 +21,7 @@ def seqlen_ops() -> list[tuple[str, AttentionOp, str]]:
 
 def seqlen_path_table() -> str:
     """Markdown: every torch_npu release on PyPI -> the seq-len update path per attention op."""
-    from ..ascend_versions import GENERATION_FACTS, RELEASES
+    from .releases import GENERATION_FACTS, RELEASES
     from .seqlen import path_for
 
     ops = seqlen_ops()

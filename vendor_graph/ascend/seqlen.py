@@ -5,7 +5,7 @@ every fill the captured tasks must be refreshed, by one of:
 
 * ``graph-update``: capture with ``auto_dispatch_capture=True`` and call
   ``NPUGraph.update(cpu_update_input=[...])``; works only for the ops and argument spellings the
-  installed generation intercepts (``ascend_versions.GENERATION_FACTS["Gx"]["update_ops"]``);
+  installed generation intercepts (``releases.GENERATION_FACTS["Gx"]["update_ops"]``);
 * ``task-update``: capture each attention inside a task group gated by an ``ExternalEvent``, and
   re-issue it between ``graph_task_update_begin/end`` on an update stream each step (G1 and later);
 * ``none``: no graph API (G0), or nothing can reach the op: that graph runs eager.
@@ -26,7 +26,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import ascend_versions, settings
+from .. import settings
+from . import releases
 
 logger = logging.getLogger("vendor_graph")
 
@@ -107,7 +108,7 @@ def seqlen_update_path(version: str | None = None) -> str:
         if version is None:
             return NO_UPDATE
     try:
-        facts = ascend_versions.facts_of(version)
+        facts = releases.facts_of(version)
     except (ValueError, TypeError):
         try:
             parsed = Version(str(version))
@@ -171,18 +172,18 @@ def detect(npu_module: Any, version: str | None) -> Capabilities:
     probed = probe_facts(npu_module)
     table_gen = None
     try:
-        table_gen = ascend_versions.generation_of(version) if version else None
+        table_gen = releases.generation_of(version) if version else None
     except ValueError:
         table_gen = None
     if table_gen is not None:
-        table = ascend_versions.GENERATION_FACTS[table_gen]
+        table = releases.GENERATION_FACTS[table_gen]
         if all(table[k] == probed[k] for k in _PROBED_KEYS):
             return Capabilities(version, table_gen, dict(table), "table")
     # Disagreement: the oldest generation with the probed features supplies the op rules (it
     # intercepts the fewest ops, so no op is wrongly trusted to graph.update; the post-capture
     # check catches the rest). Unknown release: the reference version rule decides whether the
     # newest matching generation's rules apply, as documented.
-    matches = [g for g, f in ascend_versions.GENERATION_FACTS.items() if all(f[k] == probed[k] for k in _PROBED_KEYS)]
+    matches = [g for g, f in releases.GENERATION_FACTS.items() if all(f[k] == probed[k] for k in _PROBED_KEYS)]
     generation = None
     if matches:
         generation = matches[0]
@@ -192,7 +193,7 @@ def detect(npu_module: Any, version: str | None) -> Capabilities:
             except InvalidVersion:
                 newer = False
             generation = matches[-1] if newer else matches[0]
-    facts = dict(ascend_versions.GENERATION_FACTS[generation]) if generation else {**probed, "update_ops": {}}
+    facts = dict(releases.GENERATION_FACTS[generation]) if generation else {**probed, "update_ops": {}}
     if table_gen is None and generation is not None and not newer:
         facts["update_ops"] = {}
     source = f"probe (table says {table_gen})" if table_gen else "probe (release not in table)"

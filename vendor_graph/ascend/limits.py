@@ -1,12 +1,12 @@
 """Ascend capture limits: the ExternalEvent budget of captured graphs, and the ACL capture errors.
 
 Every attention task in a captured Ascend decode graph waits on an ``ExternalEvent`` inside a task group:
-on the task-update path our capture scope creates them (:mod:`vendor_graph.npu.hook`), on the
-graph-update path torch_npu's dispatcher does the same for each op it intercepts
-(``research/torch_npu_api.md`` §4.1). They live as long as the graph. So the graphs of one process need
+on the task-update path our capture scope creates them (:mod:`vendor_graph.ascend.hook`), on the
+graph-update path torch_npu's dispatcher does the same for each op it intercepts (torch_npu's
+``_GraphDispatchMode``). They live as long as the graph. So the graphs of one process need
 about ``attention layers x attention ops per layer x graphs`` of them, and the device runs out: capture
 then fails with ACL error 207008 "stream resources are insufficient" (vllm-ascend #9564, #9596, #9691,
-#1168; ``research/peers.md`` §2.3, §4 item 12).
+#1168).
 
 :func:`fit_capture_sizes` estimates that need before anything is captured and keeps the capture sizes
 that fit a budget, largest first: a batch above every captured size runs eager (about 7.5x slower in
