@@ -33,14 +33,6 @@ class AdoptedRunner(GraphBackend):
         super().reset()
         self.policy.reset()
 
-    @property
-    def stats(self) -> stats.GraphStats:
-        return self.policy.stats
-
-    @property
-    def guard(self):
-        return self.policy.guard
-
     # -- GraphBackend over lmdeploy's runner -----------------------------------------------------------
 
     def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
@@ -91,9 +83,6 @@ class AdoptedRunner(GraphBackend):
     def graphs(self) -> dict[GraphKey, Any]:
         """GraphKey -> lmdeploy's ``CUDASingleGraphRunner``."""
         return {GraphKey.from_lmdeploy_tuple(k): g for k, g in compat.cuda_runner_graphs(self).items()}
-
-    def eager_reasons(self) -> dict[GraphKey, str]:
-        return dict(self.policy.eager_reasons)
 
 
 @functools.cache

@@ -90,6 +90,20 @@ class GraphBackend(ABC):
         """Device memory in use now, for the capture's cost; None where unknown."""
         return None
 
+    # What the runner did, for operators and tests (the policy keeps it).
+    policy: StepPolicy
+
+    @property
+    def stats(self) -> GraphStats:
+        return self.policy.stats
+
+    @property
+    def guard(self) -> StaleGraphGuard:
+        return self.policy.guard
+
+    def eager_reasons(self) -> dict[GraphKey, str]:
+        return dict(self.policy.eager_reasons)
+
 
 class StepPolicy:
     """``step(kwargs)`` for every vendor_graph runner; it owns the runner's stats, guard and shadow check."""

@@ -141,14 +141,6 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
 
     # -- GraphBackend -----------------------------------------------------------------------------
 
-    @property
-    def stats(self) -> stats.GraphStats:
-        return self.policy.stats
-
-    @property
-    def guard(self):
-        return self.policy.guard
-
     def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
         if not self.ctx_mgr.current_context().global_is_decoding():
             return "not a decode step"
@@ -351,9 +343,6 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
 
     def graphs(self) -> dict[GraphKey, AscendSingleGraph]:
         return dict(self._graphs)
-
-    def eager_reasons(self) -> dict[GraphKey, str]:
-        return dict(self.policy.eager_reasons)
 
 
 def build_graph_runner(original, model, model_config, cache_config, backend_config, device, *args, **kwargs):
