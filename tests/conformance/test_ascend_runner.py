@@ -3,8 +3,6 @@ runners in one process, reset and recapture, capture failures."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import logging
 
 import pytest
@@ -16,30 +14,13 @@ import vendor_graph
 import vendor_graph.ascend.hook
 
 
-@contextlib.contextmanager
-def ascend_pair(generation, *, num_seqs=6, seed=0, attention="fia"):
-    """A side-by-side pair whose runner is built by lmdeploy's (patched) Ascend builder, on the sim."""
-    from vendor_graph_sim import device as sim
-
-    vendor_graph.uninstall()
-    importlib.import_module("vendor_graph.ascend").activate()
-    with sim.use_torch_npu(generation), torch.inference_mode(), torch.npu.stream(torch.npu.Stream()):
-        model = tm.TinyDecoder("ascend", ascend_attention=attention, device="npu")
-        configs = harness.lmdeploy_configs("ascend", model, num_seqs)
-        with harness.step_manager("ascend", configs.model_config) as mgr:
-            texts = harness.prompts(num_seqs, seed)
-            yield harness.SideBySide(model=model, runner=harness._build_runner("ascend", model, configs, mgr),
-                                     eager=tm.DecodeSession(model, texts, device="npu", seed=seed),
-                                     graph=tm.DecodeSession(model, texts, device="npu", seed=seed))
-
-
 @pytest.mark.parametrize("generation", ["G1", "G5"])  # task-update and graph-update paths
 def test_the_next_refresh_waits_for_the_previous_replay(sim_backend, generation):
     """Lazy streams: step N's replay is still queued when step N+1 refreshes the captured tasks. The
     fence keeps N's replay on N's lengths; without it, N would read N+1's."""
     from vendor_graph_sim import device as sim
 
-    with ascend_pair(generation) as pair:
+    with harness.ascend_pair(generation) as pair:
         batch = [0, 1, 2, 3]
         pair.step(batch)  # capture
         pair.step(batch)
@@ -60,7 +41,7 @@ def test_the_next_refresh_waits_for_the_previous_replay(sim_backend, generation)
 
 def test_forced_task_update_is_honoured(sim_backend, monkeypatch):
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "task-update")
-    with ascend_pair("G5") as pair:
+    with harness.ascend_pair("G5") as pair:
         for active in harness.schedule(6, 12, seed=3):
             pair.step(active)
     assert not pair.mismatches
@@ -70,7 +51,7 @@ def test_forced_task_update_is_honoured(sim_backend, monkeypatch):
 def test_an_update_that_misses_its_tasks_is_recaptured_with_task_groups(sim_backend, monkeypatch, caplog):
     """Forcing graph-update on G1 (no update()): the post-capture check finds no records and falls back."""
     monkeypatch.setenv("VENDOR_GRAPH_SEQLEN_UPDATE", "graph-update")
-    with caplog.at_level(logging.WARNING, logger="vendor_graph"), ascend_pair("G1") as pair:
+    with caplog.at_level(logging.WARNING, logger="vendor_graph"), harness.ascend_pair("G1") as pair:
         for active in harness.schedule(6, 9, seed=4):
             pair.step(active)
     assert not pair.mismatches
@@ -80,7 +61,7 @@ def test_an_update_that_misses_its_tasks_is_recaptured_with_task_groups(sim_back
 
 
 def test_two_runners_in_one_process_own_their_pools_and_tasks(sim_backend):
-    with ascend_pair("G5", num_seqs=4) as target:
+    with harness.ascend_pair("G5", num_seqs=4) as target:
         draft = harness._build_runner("ascend", target.model, harness.lmdeploy_configs("ascend", target.model, 4),
                                       target.model.ctx_mgr)
         target.step([0, 1, 2])
@@ -97,7 +78,7 @@ def test_two_runners_in_one_process_own_their_pools_and_tasks(sim_backend):
 
 
 def test_reset_frees_everything_and_a_later_step_recaptures(sim_backend):
-    with ascend_pair("G3b") as pair:
+    with harness.ascend_pair("G3b") as pair:
         for active in ([0, 1], [0, 1], [0, 1, 2, 3, 4]):
             pair.step(active)
         assert len(pair.runner.graphs()) == 2
@@ -113,7 +94,7 @@ def test_reset_frees_everything_and_a_later_step_recaptures(sim_backend):
 def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(sim_backend, caplog):
     """A model forward that syncs during capture (a host read of a device tensor) cannot be captured:
     that key runs eager with its reason logged, the step's result is right, serving continues."""
-    with ascend_pair("G5") as pair:
+    with harness.ascend_pair("G5") as pair:
         original = pair.model.forward
 
         def syncing_forward(*args, **kwargs):
@@ -141,7 +122,7 @@ def test_warmup_captures_every_size_largest_first_into_one_pool(sim_backend):
     gets its graph, all in the runner's one pool, and later steps replay them."""
     from vendor_graph_sim import device as sim
 
-    with ascend_pair("G4", num_seqs=6) as pair:
+    with harness.ascend_pair("G4", num_seqs=6) as pair:
         sizes = pair.runner.get_capture_batch_sizes()
         assert sizes == [1, 2, 4, 6]
         for size in reversed(sizes):
@@ -160,7 +141,7 @@ def test_capture_sizes_beyond_the_event_budget_are_dropped_smallest_first(sim_ba
     """2 attention layers hold 2 ExternalEvents per graph: a budget of 4 keeps the two largest sizes;
     smaller batches pad up into them, none runs eager, and the warning names what was dropped."""
     monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "4")
-    with caplog.at_level(logging.WARNING, logger="vendor_graph"), ascend_pair("G5", num_seqs=6) as pair:
+    with caplog.at_level(logging.WARNING, logger="vendor_graph"), harness.ascend_pair("G5", num_seqs=6) as pair:
         assert pair.runner.get_capture_batch_sizes() == [4, 6]
         for active in ([0], [0, 1, 2], [0, 1, 2, 3, 4], [1]):
             pair.step(active)
