@@ -32,7 +32,7 @@ OUT=${OUT:?set OUT to the folder the results go to}
 mkdir -p "$OUT"
 site=$(mktemp -d)/site
 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .h200/whl/*.whl || exit 1
-lmdeploy_path() { echo "$site:$root/.h200/pkgs$1:$root/.h200/stubs:$root/src:$root/sim/vendor_graph_sim/data/standins"; }
+lmdeploy_path() { echo "$site:$root/.h200/pkgs$1:$root/.h200/stubs:$root:$root/sim:$root/sim/vendor_graph_sim/data/standins"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 
 logs=$(mktemp -d)  # logs travel back as one archive ($OUT returns at most 8 files), refreshed per task

@@ -34,14 +34,15 @@ fi
 "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
 # vendor_graph and its simulator package (vendor_graph_sim, which supplies `vendor-graph demo`), editable,
-# reinstalled when the installed ones are not this clone's.
-"$py" - "$root" <<'PY' 2>/dev/null || pip_install -e "$root[test]" -e "$root/sim"
-import sys, pathlib, importlib.metadata as m
+# reinstalled when the installed ones are not this clone's. Asked from / : in the clone, the clone's
+# vendor_graph/ would answer for an install that is not there.
+(cd / && "$py" - "$root" <<'PY') 2>/dev/null || pip_install -e "$root[test]" -e "$root/sim"
+import sys, sysconfig, pathlib, importlib.metadata as m
 import vendor_graph, vendor_graph_sim, pytest, hypothesis, hatchling  # noqa: F401
 root = pathlib.Path(sys.argv[1]).resolve()
-here = {pathlib.Path(p.__file__).resolve().parent.parent for p in (vendor_graph,)}
-sim_here = pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent
-ok = here == {root} and sim_here == root / "sim"
+ok = pathlib.Path(vendor_graph.__file__).resolve().parent.parent == root
+ok = ok and pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent == root / "sim"
+ok = ok and (pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_autoload.pth").is_file()
 ok = ok and any(e.name == "demo" for e in m.entry_points(group="vendor_graph.commands"))
 sys.exit(0 if ok else 1)
 PY

@@ -46,9 +46,11 @@ if ! installed lmdeploy "$lmdeploy_version"; then
 fi
 "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
-# vendor_graph from this tree (the venv may have served another clone before).
-"$py" - "$root/vendor_graph" <<'PY' 2>/dev/null || pip_install --no-deps --no-build-isolation -e "$root"
-import sys, vendor_graph
-sys.exit(0 if vendor_graph.__file__.startswith(sys.argv[1] + "/") else 1)
+# vendor_graph from this tree, with its worker hook (the venv may have served another clone before). Asked
+# from / : in the clone, the clone's vendor_graph/ would answer for an install that is not there.
+(cd / && "$py" - "$root/vendor_graph" <<'PY') 2>/dev/null || pip_install --no-deps --no-build-isolation -e "$root"
+import sys, sysconfig, pathlib, vendor_graph
+hook = pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_autoload.pth"
+sys.exit(0 if vendor_graph.__file__.startswith(sys.argv[1] + "/") and hook.is_file() else 1)
 PY
 echo "oldest-torch environment ready: $("$py" -c 'import torch; import importlib.metadata as m; print("torch", torch.__version__, "lmdeploy", m.version("lmdeploy"))')" >&2

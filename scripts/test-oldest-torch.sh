@@ -24,7 +24,6 @@ deselect=(
   "tests/lmdeploy/test_vendor_buffers.py::test_metadata_from_lmdeploys_update_step_context_is_padded_and_bound[ascend]"
   "tests/lmdeploy/test_vendor_buffers.py::test_batch_3_after_7_leaves_no_stale_row_in_what_attention_reads[ascend]"
   "tests/lmdeploy/test_vendor_buffers.py::test_default_lmdeploy_methods_are_not_used[ascend]"
-  "tests/lmdeploy/test_cli_operator.py::test_demo_child_decision"
 )
 ignore=()
 for file in $(grep -lE "^\s*(from|import) vendor_graph_sim" tests/unit/*.py tests/lmdeploy/*.py || true); do

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from abc import ABC, abstractmethod
+from abc import ABCMeta, abstractmethod
 from typing import Any
 
 from . import faults, patching, stats, switches
@@ -40,7 +40,7 @@ class CaptureFailed(Exception):
         self.hint = hint
 
 
-class GraphBackend(ABC):
+class GraphBackend(metaclass=ABCMeta):  # not ABC: its empty __slots__ would forbid adopting lmdeploy's runner
     """What :class:`StepPolicy` needs from a runner's mechanism (the runner object itself, which lmdeploy
     holds): the step's batch and key, and capture / replay / release of the graph of a key."""
 

@@ -43,3 +43,9 @@ def test_demo_writes_its_verdict_and_counts_as_json(tmp_path):
     else:
         assert record["generation"] is None and record["seqlen_path"] is None
     assert [p.name for p in tmp_path.iterdir()] == ["demo.json"]  # no temporary file left behind
+
+
+def test_demo_child_decision():
+    from vendor_graph_sim.demo import demo_needs_child
+
+    assert not demo_needs_child({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

@@ -105,9 +105,3 @@ def test_demo_runs_the_simulator_in_a_child_when_a_real_torch_npu_is_installed(t
     assert proc.stdout.startswith("a real torch_npu is installed: running the simulator in a child process with "
                                   "TORCH_DEVICE_BACKEND_AUTOLOAD=0")
     assert "Parity with eager over 4 steps" in proc.stdout and ": PASS" in proc.stdout
-
-
-def test_demo_child_decision():
-    from vendor_graph_sim.demo import demo_needs_child
-
-    assert not demo_needs_child({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
