@@ -17,7 +17,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-STUBS = ROOT / "tests" / "stubs"  # the stand-in dlinfer lmdeploy's dlinfer backends import
 
 
 def separate_copies_write(self: Any, writes: list) -> None:

@@ -31,7 +31,7 @@ import torch
 from vendor_graph_sim import harness
 from vendor_graph_sim import tiny_model as tm
 
-from vendor_graph import buckets, compat
+from vendor_graph import compat, patching
 
 VENDOR = "camb"
 # ~0.9B parameters: 16 layers of hidden 2048 (16 heads, 8 KV heads of 128), SwiGLU 5632, vocab 32000.
@@ -168,7 +168,9 @@ def task_replay(device: str, reps: int, dry: bool) -> dict:
 
 
 def task_capture(device: str, max_batches: int, dry: bool) -> dict:
-    sizes = buckets.capture_sizes("ascend", max_batches)
+    with patching.quiet_imports():  # the Ascend sizes, captured here on the CUDA runner
+        from vendor_graph.ascend.buckets import ascend_capture_sizes
+    sizes = ascend_capture_sizes(max_batches)
     bench = Bench(device, model_config("large", max_batches, dry), max_batches, capture_sizes=sizes)
     try:
         if bench.real:

@@ -53,7 +53,9 @@ def main() -> None:
     parser.add_argument("--name", default="ops_per_step", help="results file stem (benchmarks/results/NAME.json)")
     args = parser.parse_args()
     logging.getLogger("lmdeploy").setLevel(logging.WARNING)
-    sys.path.insert(0, str(_common.STUBS))
+    from vendor_graph_sim import standins
+
+    standins.use_standin_dlinfer_if_missing()  # lmdeploy's dlinfer backends import dlinfer
     from vendor_graph_sim.device.opcount import replay_step_ops
 
     from vendor_graph import compat

@@ -42,10 +42,12 @@ def demo_needs_child(environ=None) -> bool:
     return environ.get(AUTOLOAD_ENV) != "0" and importlib.util.find_spec("torch_npu") is not None
 
 
-def _dlinfer_in_use(standin_root: Path) -> str | None:
-    """The version of the dlinfer lmdeploy imports here; None for none or the stand-in under ``standin_root``."""
+def _dlinfer_in_use() -> str | None:
+    """The version of the dlinfer lmdeploy imports here; None for none or the stand-in."""
+    from . import standins
+
     spec = importlib.util.find_spec("dlinfer")
-    if spec is None or spec.origin is None or Path(spec.origin).resolve().is_relative_to(standin_root.resolve()):
+    if spec is None or spec.origin is None or standins.is_standin(spec.origin):
         return None
     for dist in ("dlinfer-ascend", "dlinfer-camb", "dlinfer-maca", "dlinfer"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -151,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "eager_steps": sum(runner.stats.eager_steps.values()), "captures": runner.stats.captures,
             "vendor": vendor, "backend": args.backend, "lmdeploy": str(version), "generation": generation,
             "torch_npu": torch_npu, "seqlen_path": seqlen_path, "model": DEMO_MODEL,
-            "dlinfer": _dlinfer_in_use(standins.STANDIN_ROOT), "seqs": args.seqs, "seed": args.seed,
+            "dlinfer": _dlinfer_in_use(), "seqs": args.seqs, "seed": args.seed,
             "vendor_graph": __version__,
         })
     return 0 if not pair.mismatches else 1

@@ -12,6 +12,13 @@ import sys
 from pathlib import Path
 
 STANDIN_ROOT = Path(__file__).resolve().parent / "data" / "standins"
+STANDIN_MARK = '"""Stand-in dlinfer for vendor_graph'  # how the stand-in's dlinfer/__init__.py begins
+
+
+def is_standin(origin: str | Path) -> bool:
+    """Whether the ``dlinfer/__init__.py`` at ``origin`` is this stand-in (any copy of it, wherever it lies)."""
+    with open(origin, encoding="utf-8") as f:
+        return f.read(len(STANDIN_MARK)) == STANDIN_MARK
 
 
 def use_standin_dlinfer_if_missing() -> bool:

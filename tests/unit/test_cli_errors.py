@@ -178,9 +178,12 @@ def test_plan_notes_how_lmdeploy_normalises_explicit_sizes():
 
 
 def test_demo_json_names_a_real_dlinfer_and_not_the_stand_in(monkeypatch, tmp_path):
-    standin_root = tmp_path / "stubs"
+    from vendor_graph_sim import standins
+
+    standin_root = tmp_path / "stubs"  # a copy of the stand-in elsewhere, as a machine's PYTHONPATH may hold one
     (standin_root / "dlinfer").mkdir(parents=True)
-    (standin_root / "dlinfer" / "__init__.py").write_text("")
+    (standin_root / "dlinfer" / "__init__.py").write_text(
+        (standins.STANDIN_ROOT / "dlinfer" / "__init__.py").read_text())
     real = tmp_path / "site"
     (real / "dlinfer").mkdir(parents=True)
     (real / "dlinfer" / "__init__.py").write_text("")
@@ -189,9 +192,9 @@ def test_demo_json_names_a_real_dlinfer_and_not_the_stand_in(monkeypatch, tmp_pa
     for name in [m for m in sys.modules if m == "dlinfer" or m.startswith("dlinfer.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(standin_root))
-    assert demo._dlinfer_in_use(standin_root) is None
+    assert demo._dlinfer_in_use() is None
     monkeypatch.syspath_prepend(str(real))
-    assert demo._dlinfer_in_use(standin_root) == "0.2.7"
+    assert demo._dlinfer_in_use() == "0.2.7"
 
 
 def test_write_json_replaces_the_file_whole_or_not_at_all(monkeypatch, tmp_path):
