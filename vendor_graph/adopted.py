@@ -42,7 +42,7 @@ class AdoptedRunner(GraphBackend):
             return "graph mode off for this model or step"
         return None
 
-    def forward_skipped(self, kwargs: dict[str, Any]) -> Any:
+    def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
         return super().__call__(**kwargs)  # lmdeploy's eager (0.18: or piecewise) path
 
     def wanted_batch(self, kwargs: dict[str, Any]) -> int:

@@ -53,8 +53,8 @@ class GraphBackend(metaclass=ABCMeta):  # not ABC: its empty __slots__ would for
         """Why this step is not graph mode's to serve (prefill, graph mode off), or None."""
 
     @abstractmethod
-    def forward_skipped(self, kwargs: dict[str, Any]) -> Any:
-        """Run a step :meth:`skip_reason` excluded."""
+    def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
+        """Run a step :meth:`skip_reason` excluded, for ``reason``."""
 
     @abstractmethod
     def wanted_batch(self, kwargs: dict[str, Any]) -> int:
@@ -126,7 +126,7 @@ class StepPolicy:
         if reason is not None:
             if switches.DEBUG:
                 logger.debug("%s: step outside graph mode (%s)", backend.label, reason)
-            return backend.forward_skipped(kwargs)
+            return backend.forward_skipped(reason, kwargs)
         wanted, largest = backend.wanted_batch(kwargs), backend.capture_sizes()[-1]
         if wanted > largest:
             if not self._warned_oversize:

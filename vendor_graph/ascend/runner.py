@@ -148,8 +148,8 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
             return self._off_reason
         return None
 
-    def forward_skipped(self, kwargs: dict[str, Any]) -> Any:
-        return self.policy.eager(self.skip_reason(kwargs) or "", kwargs)
+    def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
+        return self.policy.eager(reason, kwargs)
 
     def _wanted(self, batch: int) -> int:
         padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
