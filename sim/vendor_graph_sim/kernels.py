@@ -10,7 +10,10 @@ update API), and what the kernel does with padding. Each operator here has
 - a fake/meta kernel for shape inference during capture.
 
 No kernel reads a DEVICE tensor on the host (no ``.item()``/``.tolist()``, no data-dependent shape):
-lengths held in device tensors are applied with masks over the static capacity of the block table.
+lengths held in device tensors are applied with masks over the static capacity of the block table. The
+one exception is a range check of index data (a KV slot past the cache, a scatter index outside the
+target), which stands for the device's own assert: on CPU data it is read when the op runs (at replay,
+for a captured graph), on other devices it is an asynchronous assert.
 HOST sequence lengths (``SymInt[]`` lists, or the host tensors Ascend's ATB ops take) are read on the
 host, as the real kernels do; that is what freezes them into a captured graph.
 
@@ -49,6 +52,24 @@ operator                                        source
                                                 sites (``query, key_cache, num_kv_heads, num_heads,
                                                 scale_value, block_table, context_lens,
                                                 mla_vheadsize, out``), not verified.
+``npu::npu_rms_norm``,                          real names and schemas (op-plugin
+``npu::npu_add_rms_norm``,                      ``op_plugin_functions.yaml``); semantics in
+``npu::npu_swiglu``,                            ``docs/ascend_kernel_facts.md``.
+``npu::npu_scatter_nd_update_``
+``npu::npu_apply_rotary_pos_emb``               real name, argument names and defaults; the real schema
+                                                has no alias annotation although the kernel updates
+                                                query and key in place and returns them: here
+                                                ``Tensor(a!) query, Tensor(b!) key -> (Tensor(a!),
+                                                Tensor(b!))``. A2/A3 constraints: rotary_mode "half",
+                                                layouts BSND/TND, head dim 64 or 128.
+``atb::_npu_reshape_and_cache``                 real name and schema (op-plugin
+                                                ``ReshapeAndCachAtb.cpp``): negative slot skipped, empty
+                                                input and a slot past the cache raise, int32 slots only.
+``atb::_npu_flash_attention`` (``_unpad``)      real names and schemas (op-plugin
+                                                ``SelfAttentionAtb.cpp``, ``SelfAttentionUnpadAtb.cpp``):
+                                                packed-token prefill with a host ``seq_len``; non-zero
+                                                mask entries are masked; ``_unpad`` has no mask
+                                                (bidirectional within a sequence).
 ``vendor_graph_sim::fill_kv_cache``             INVENTED (the vendors' reshape-and-cache kernels are
                                                 not in the research): dlinfer's ``fill_kv_cache``
                                                 semantics, one slot per token, negative slot skipped.
@@ -218,13 +239,36 @@ def _masked_slot_write(flat: Tensor, rows: Tensor, index: Tensor) -> None:
 # Ascend: FIA v1 / v2
 
 
-def _tnd_rows(q_lens: Sequence[int] | None) -> tuple[list[int], list[int]]:
-    """TND: ``actual_seq_lengths`` are cumulative query ends; per batch row, its starts and lengths."""
+def _tnd_rows(q_lens: Sequence[int] | Tensor | None, tokens: int) -> tuple[list[int], list[int]]:
+    """TND: ``actual_seq_lengths`` are cumulative query ends (a host list or host tensor); per batch row, its
+    starts and lengths. The ends must not decrease and must stay within the ``tokens`` rows of the query."""
     if q_lens is None:
         raise ValueError("input_layout TND needs actual_seq_lengths (cumulative query ends, host)")
-    ends = [int(v) for v in q_lens]
+    ends = [int(v) for v in (q_lens.reshape(-1).tolist() if isinstance(q_lens, Tensor) else q_lens)]
     starts = [0, *ends[:-1]]
+    if any(e < s for s, e in zip(starts, ends, strict=True)) or (ends and ends[-1] > tokens):
+        raise ValueError(f"TND actual_seq_lengths must be cumulative query ends (non-decreasing, at most the "
+                         f"{tokens} query rows), got {ends}")
     return starts, [e - s for s, e in zip(starts, ends, strict=True)]
+
+
+_FIA_MASK_SIDE = 2048  # sparse_mode 2/3/4 take the optimised (compressed) 2048 x 2048 lower-triangular mask
+
+
+def _check_compressed_mask(atten_mask: Tensor | None, sparse_mode: int) -> None:
+    """FIA doc: sparse_mode 2/3/4 need ``atten_mask`` of shape (2048, 2048), (1, 2048, 2048) or
+    (1, 1, 2048, 2048), bool/int8/uint8 (the caller guarantees it is the lower-triangular template)."""
+    if atten_mask is None:
+        raise ValueError(f"FIA sparse_mode={sparse_mode} needs the optimised {_FIA_MASK_SIDE}x{_FIA_MASK_SIDE} "
+                         "atten_mask (True/1 above the diagonal)")
+    shape = tuple(atten_mask.shape)
+    if atten_mask.dim() not in (2, 3, 4) or shape[-2:] != (_FIA_MASK_SIDE, _FIA_MASK_SIDE) \
+            or any(d != 1 for d in shape[:-2]):
+        raise ValueError(f"FIA sparse_mode={sparse_mode}: atten_mask must be ({_FIA_MASK_SIDE}, {_FIA_MASK_SIDE}), "
+                         f"(1, {_FIA_MASK_SIDE}, {_FIA_MASK_SIDE}) or (1, 1, {_FIA_MASK_SIDE}, {_FIA_MASK_SIDE}), "
+                         f"got {shape}")
+    if atten_mask.dtype not in (torch.bool, torch.int8, torch.uint8):
+        raise TypeError(f"FIA atten_mask must be bool, int8 or uint8, got {atten_mask.dtype}")
 
 
 def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor | None, key_rope: Tensor | None,
@@ -238,19 +282,23 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
     only). Paged (``block_table`` given): key/value are the caches, ``(blocks, block_size, KVH*D)`` or
     ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths (default: all positions).
     ``sparse_mode`` 0: ``atten_mask`` (True = masked) and the ``pre_tokens``/``next_tokens`` band
-    apply; 3: causal aligned at the bottom right, ``atten_mask`` being the compressed template.
+    apply; 3: causal aligned at the bottom right (query row ``i`` of a sequence sees KV positions
+    ``j <= i + kv_len - q_len``), ``atten_mask`` being the compressed 2048 x 2048 template (its shape and
+    dtype are checked; its contents are not read).
     Returns the output in the query's layout and the LSE ``(B, N, S, 1)`` (``(T, N, 1)`` for TND).
     """
     if layout not in ("BSH", "BSND", "TND"):
         raise NotImplementedError(f"emulated FIA supports input_layout BSH, BSND and TND, not {layout!r}")
     if sparse_mode not in (0, 3):
         raise NotImplementedError(f"emulated FIA supports sparse_mode 0 and 3, not {sparse_mode}")
+    if sparse_mode == 3:
+        _check_compressed_mask(atten_mask, sparse_mode)
     num_kv_heads = num_kv_heads or num_heads
     device = query.device
     if layout == "TND":
         if block_table is None:
             raise NotImplementedError("emulated FIA: TND is supported for paged KV (block_table) only")
-        starts, per_row = _tnd_rows(q_lens)
+        starts, per_row = _tnd_rows(q_lens, query.shape[0])
         b, s = len(per_row), max(per_row, default=0) or 1
         valid = [(i, j) for i in range(b) for j in range(per_row[i])]
         pick = torch.zeros(b * s, dtype=torch.int64)
@@ -540,6 +588,305 @@ def _decode_fake(query, key_cache, value_cache, *args, **kwargs):
 
 
 # --------------------------------------------------------------------------------------------------
+# Ascend: the decoder-layer kernels dlinfer calls besides decode attention (norms, SwiGLU, rotary
+# embedding, KV-cache fill, prefill attention). Semantics: docs/ascend_kernel_facts.md.
+#
+# Range checks on index data (a slot past the cache, a scatter index outside ``self``) are what a device
+# assert would report: on CPU tensors (the simulator's device data) they read the index tensor when the
+# op runs (at replay for a captured graph), elsewhere they are asynchronous asserts (no host sync).
+
+
+def _raise_if_any(bad: Tensor, describe) -> None:
+    """Raise ``RuntimeError(describe(first flat position where bad))`` when ``bad`` has any True entry."""
+    if bad.numel() == 0:
+        return
+    if bad.device.type == "cpu":
+        flat = bad.reshape(-1)
+        if bool(flat.any()):
+            raise RuntimeError(describe(int(flat.to(torch.uint8).argmax())))
+    else:
+        torch._assert_async(~bad.any(), describe(None))
+
+
+def _rms_normed(x: Tensor, gamma: Tensor, epsilon: float, what: str) -> tuple[Tensor, Tensor]:
+    """``(x / sqrt(mean(x^2) + eps) * gamma, rstd)`` over the trailing dims gamma covers; float32 math,
+    ``y`` in x's dtype, ``rstd`` float32 with the normalised dims kept at size 1."""
+    g = gamma.dim()
+    if g == 0 or g > x.dim() or tuple(x.shape[x.dim() - g:]) != tuple(gamma.shape):
+        raise RuntimeError(f"{what}: gamma {tuple(gamma.shape)} must equal the trailing dims of the input "
+                           f"{tuple(x.shape)}")
+    dims = tuple(range(x.dim() - g, x.dim()))
+    xf = x.to(torch.float32)
+    rstd = torch.rsqrt(xf.square().mean(dim=dims, keepdim=True) + epsilon)
+    return (xf * rstd * gamma.to(torch.float32)).to(x.dtype), rstd
+
+
+def _rstd_shape(x: Tensor, gamma: Tensor) -> tuple[int, ...]:
+    lead = x.dim() - gamma.dim()
+    return tuple(x.shape[:lead]) + (1,) * gamma.dim()
+
+
+def _npu_rms_norm(self, gamma, epsilon=1e-6):
+    return _rms_normed(self, gamma, epsilon, "npu_rms_norm")
+
+
+def _npu_rms_norm_fake(self, gamma, epsilon=1e-6):
+    return self.new_empty(self.shape), self.new_empty(_rstd_shape(self, gamma), dtype=torch.float32)
+
+
+def _npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+    x = (x1 + x2).to(x1.dtype)  # the sum in x1's dtype (fp16 sum, then fp32 for the norm)
+    y, rstd = _rms_normed(x, gamma, epsilon, "npu_add_rms_norm")
+    return y, rstd, x
+
+
+def _npu_add_rms_norm_fake(x1, x2, gamma, epsilon=1e-6):
+    return (x1.new_empty(x1.shape), x1.new_empty(_rstd_shape(x1, gamma), dtype=torch.float32),
+            x1.new_empty(x1.shape))
+
+
+def _swiglu_dim(x: Tensor, dim: int) -> int:
+    if x.numel() == 0:
+        raise RuntimeError("npu_swiglu: the input must not be empty")
+    d = dim % x.dim()
+    if x.shape[d] % 2:
+        raise RuntimeError(f"npu_swiglu: dim {dim} of {tuple(x.shape)} must have an even size")
+    return d
+
+
+def _npu_swiglu(self, dim=-1):
+    a, b = self.chunk(2, _swiglu_dim(self, dim))  # A (first half) goes through SiLU
+    return (torch.nn.functional.silu(a.to(torch.float32)) * b.to(torch.float32)).to(self.dtype)
+
+
+def _npu_swiglu_fake(self, dim=-1):
+    d = _swiglu_dim(self, dim)
+    shape = list(self.shape)
+    shape[d] //= 2
+    return self.new_empty(shape)
+
+
+_ROTARY_MODES = ("half", "quarter", "interleave")
+
+
+def _check_rotary(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_mode: str) -> None:
+    """The binding's checks and the A2/A3 constraints of the op-plugin doc."""
+    if rotary_mode not in _ROTARY_MODES:
+        raise RuntimeError(f"npu_apply_rotary_pos_emb: rotary_mode should be half/quarter/interleave, got "
+                           f"{rotary_mode!r}")
+    if rotary_mode != "half":
+        raise NotImplementedError(f"emulated npu_apply_rotary_pos_emb: A2/A3 support rotary_mode 'half' only, "
+                                  f"not {rotary_mode!r}")
+    if layout in ("SBND", "BNSD"):
+        raise NotImplementedError(f"emulated npu_apply_rotary_pos_emb: A2/A3 support layouts BSND and TND, not "
+                                  f"{layout!r}")
+    rank = 3 if layout == "TND" else 4  # any other string is BSND, as in the binding
+    for name, t in (("query", query), ("key", key), ("cos", cos), ("sin", sin)):
+        if t.dim() != rank:
+            raise RuntimeError(f"npu_apply_rotary_pos_emb: {name} must be {rank}-d for layout {layout!r}, got "
+                               f"{tuple(t.shape)}")
+        if t.numel() == 0:
+            raise RuntimeError(f"npu_apply_rotary_pos_emb: {name} must not be empty (A2/A3)")
+        if t.dtype != query.dtype:
+            raise RuntimeError(f"npu_apply_rotary_pos_emb: query, key, cos and sin must share a dtype; {name} is "
+                               f"{t.dtype}, query {query.dtype}")
+    d = query.shape[-1]
+    if d not in (64, 128):
+        raise RuntimeError(f"npu_apply_rotary_pos_emb: the head dim must be 64 or 128 on A2/A3, got {d}")
+    lead = tuple(query.shape[:-2])
+    if key.shape[-1] != d or tuple(key.shape[:-2]) != lead:
+        raise RuntimeError(f"npu_apply_rotary_pos_emb: key {tuple(key.shape)} does not match query "
+                           f"{tuple(query.shape)} outside the head count")
+    expected = (*lead, 1, d)
+    if tuple(cos.shape) != expected or tuple(sin.shape) != expected:
+        raise RuntimeError(f"npu_apply_rotary_pos_emb: cos and sin must be {expected}, got {tuple(cos.shape)} and "
+                           f"{tuple(sin.shape)}")
+
+
+def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    xf = x.to(torch.float32)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos.to(torch.float32) + rotated * sin.to(torch.float32)).to(x.dtype)
+
+
+def _npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+    _check_rotary(query, key, cos, sin, layout, rotary_mode)
+    q, k = _rotate_half(query, cos, sin), _rotate_half(key, cos, sin)
+    query.copy_(q)
+    key.copy_(k)
+    return query, key
+
+
+def _npu_apply_rotary_pos_emb_fake(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+    _check_rotary(query, key, cos, sin, layout, rotary_mode)
+    return query, key
+
+
+def _check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                             slot_indices: Tensor) -> None:
+    """ATB ReshapeAndCache's host checks (ND caches, ``K_CACHE_V_CACHE``) and its tiling's ``numTokens > 0``."""
+    what = "_npu_reshape_and_cache"
+    if key.dim() != 3 or value.dim() != 3 or key_cache.dim() != 4 or value_cache.dim() != 4:
+        raise RuntimeError(f"{what}: key/value must be 3-d [tokens, heads, dim] and the caches 4-d [blocks, "
+                           f"block_size, heads, dim], got {tuple(key.shape)}, {tuple(value.shape)}, "
+                           f"{tuple(key_cache.shape)}, {tuple(value_cache.shape)}")
+    if slot_indices.dim() != 1:
+        raise RuntimeError(f"{what}: slot_indices must be 1-d [tokens], got {tuple(slot_indices.shape)}")
+    if slot_indices.dtype != torch.int32:
+        raise RuntimeError(f"{what}: slot_indices must be int32, got {slot_indices.dtype}")
+    tokens = key.shape[0]
+    if tokens == 0:
+        raise RuntimeError(f"{what}: num_tokens must be > 0 (an empty input is an error in ATB's tiling)")
+    if value.shape[0] != tokens or slot_indices.shape[0] != tokens:
+        raise RuntimeError(f"{what}: key, value and slot_indices disagree on num_tokens: {key.shape[0]}, "
+                           f"{value.shape[0]}, {slot_indices.shape[0]}")
+    heads = key.shape[1]
+    if value.shape[1] != heads or key_cache.shape[2] != heads or value_cache.shape[2] != heads:
+        raise RuntimeError(f"{what}: the head counts of key, value and the caches differ")
+    if key_cache.shape[:2] != value_cache.shape[:2]:
+        raise RuntimeError(f"{what}: the caches differ in num_blocks/block_size: {tuple(key_cache.shape)} and "
+                           f"{tuple(value_cache.shape)}")
+    if key_cache.shape[3] != key.shape[2] or value_cache.shape[3] != value.shape[2]:
+        raise RuntimeError(f"{what}: head sizes differ between key/value and their caches")
+    if not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype):
+        raise RuntimeError(f"{what}: key, value and both caches must share a dtype, got {key.dtype}, {value.dtype},"
+                           f" {key_cache.dtype}, {value_cache.dtype}")
+
+
+def _atb_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    _check_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
+    nb, bs, heads = key_cache.shape[:3]
+    capacity = nb * bs
+    slots = slot_indices.to(torch.int64)
+    _raise_if_any(slots >= capacity, lambda t: (
+        f"_npu_reshape_and_cache: slot {int(slots[t]) if t is not None else '?'} (token {t}) is past the cache "
+        f"(num_blocks*block_size = {capacity})"))
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        flat = cache.view(capacity, heads, cache.shape[-1])  # in place: the cache must be viewable flat
+        _masked_slot_write(flat, src, slots)  # a negative slot writes nothing
+
+
+def _atb_reshape_and_cache_fake(key, value, key_cache, value_cache, slot_indices):
+    _check_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
+
+
+def _check_scatter_nd(self: Tensor, indices: Tensor, updates: Tensor) -> int:
+    what = "npu_scatter_nd_update_"
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{what}: indices must be int32 or int64, got {indices.dtype}")
+    if indices.dim() < 2:
+        raise RuntimeError(f"{what}: indices must be at least 2-d, got {tuple(indices.shape)}")
+    a = indices.shape[-1]
+    if not 1 <= a <= self.dim():
+        raise RuntimeError(f"{what}: the last dim of indices ({a}) must be in [1, self.dim() = {self.dim()}]")
+    expected = (*indices.shape[:-1], *self.shape[a:])
+    if tuple(updates.shape) != expected:
+        raise RuntimeError(f"{what}: updates must be indices.shape[:-1] + self.shape[{a}:] = {expected}, got "
+                           f"{tuple(updates.shape)}")
+    if updates.dtype != self.dtype:
+        raise RuntimeError(f"{what}: updates ({updates.dtype}) and self ({self.dtype}) must share a dtype")
+    return a
+
+
+def _npu_scatter_nd_update_(self, indices, updates):
+    a = _check_scatter_nd(self, indices, updates)
+    idx = indices.reshape(-1, a).to(torch.int64)
+    rows = idx.shape[0]
+    if rows == 0:
+        return self
+    sizes = torch.tensor(self.shape[:a], dtype=torch.int64, device=idx.device)
+    bad = ((idx < 0) | (idx >= sizes)).any(dim=-1)
+
+    def describe(n):
+        at = "?" if n is None else (int(idx[n, 0]) if a == 1 else idx[n].tolist())
+        return (f"npu_scatter_nd_update_: index {at} at indices row {n} is outside self's leading dims "
+                f"{tuple(self.shape[:a])} (out-of-range indices, -1 padding included, are unsupported)")
+
+    _raise_if_any(bad, describe)
+    self.index_put_(tuple(idx[:, k] for k in range(a)), updates.reshape(rows, *self.shape[a:]))
+    return self
+
+
+def _npu_scatter_nd_update_fake(self, indices, updates):
+    _check_scatter_nd(self, indices, updates)
+    return self
+
+
+def _prefill_batch(seq_len: Tensor, tokens: int, what: str) -> tuple[list[int], list[int]]:
+    """Per-sequence starts and lengths from ATB's host ``seq_len`` (int32 ``[batch]``) over packed tokens."""
+    if not isinstance(seq_len, Tensor) or seq_len.dtype != torch.int32 or seq_len.dim() != 1:
+        raise RuntimeError(f"{what}: seq_len must be a 1-d int32 host tensor [batch]")
+    lens = [int(v) for v in seq_len.tolist()]
+    if any(n < 0 for n in lens) or sum(lens) > tokens:
+        raise RuntimeError(f"{what}: seq_len {lens} does not fit the {tokens} packed query tokens")
+    starts = [0]
+    for n in lens[:-1]:
+        starts.append(starts[-1] + n)
+    return starts, lens
+
+
+def _self_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, seq_len: Tensor, scale: float,
+                    num_heads: int, num_kv_heads: int, out: Tensor, what: str) -> None:
+    """ATB SelfAttention PA_ENCODER over packed tokens: sequence ``b`` is rows ``[start_b, start_b + len_b)`` of
+    query/key/value (``[T, heads, D]`` or ``[T, heads*D]``) and attends within itself only. With a mask
+    (``MASK_TYPE_NORM``), each sequence uses the top-left ``[len_b, len_b]`` window of the mask
+    (``[S, S]``, ``[1 or B, S, S]`` or ``[1 or B, 1, S, S]``), a non-zero entry meaning masked; without one,
+    every position of a sequence is visible. Rows past ``sum(seq_len)`` of ``out`` are not written."""
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads <= 0 or num_heads % num_kv_heads:
+        raise RuntimeError(f"{what}: num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
+                           f"({num_kv_heads})")
+    tokens = query.shape[0]
+    if key.shape[0] != tokens or value.shape[0] != tokens or out.shape[0] != tokens:
+        raise RuntimeError(f"{what}: query, key, value and out must share the token count {tokens}")
+    starts, lens = _prefill_batch(seq_len, tokens, what)
+    q = query.reshape(tokens, num_heads, -1)
+    k = key.reshape(tokens, num_kv_heads, -1)
+    v = value.reshape(tokens, num_kv_heads, -1)
+    dv = v.shape[-1]
+    if out.numel() != tokens * num_heads * dv:
+        raise RuntimeError(f"{what}: out {tuple(out.shape)} cannot hold [{tokens}, {num_heads}, {dv}]")
+    b, s = len(lens), max(lens, default=0)
+    if b == 0 or s == 0:
+        return
+    device = query.device
+    valid = [(i, j) for i in range(b) for j in range(lens[i])]
+    pick = torch.zeros(b * s, dtype=torch.int64)
+    for i, j in valid:
+        pick[i * s + j] = starts[i] + j
+    pick = pick.to(device)
+
+    def batched(x: Tensor) -> Tensor:
+        return x.index_select(0, pick).reshape(b, s, x.shape[1], x.shape[2])
+
+    pos = _positions(s, device)
+    ln = torch.tensor(lens, dtype=torch.int64, device=device).view(b, 1, 1)
+    allowed = (pos.view(1, s, 1) < ln) & (pos.view(1, 1, s) < ln)
+    if mask is not None:
+        m = mask.reshape(-1, *mask.shape[-2:]) if mask.dim() > 2 else mask.unsqueeze(0)
+        if m.shape[0] not in (1, b) or m.shape[-2] < s or m.shape[-1] < s:
+            raise RuntimeError(f"{what}: mask {tuple(mask.shape)} does not cover {b} sequences of up to {s} tokens")
+        allowed &= m[:, :s, :s] == 0
+    res, _ = _attend(batched(q), batched(k), batched(v), allowed, scale)
+    src = torch.tensor([i * s + j for i, j in valid], dtype=torch.int64, device=device)
+    dst = torch.tensor([starts[i] + j for i, j in valid], dtype=torch.int64, device=device)
+    result = out.reshape(tokens, num_heads, dv).clone()
+    result.index_copy_(0, dst, res.reshape(b * s, num_heads, dv).index_select(0, src).to(out.dtype))
+    out.copy_(result.reshape(out.shape))
+
+
+def _atb_flash_attention(query, key, value, mask, seq_len, scale_value, num_heads, num_kv_heads, out):
+    _self_attention(query, key, value, mask, seq_len, scale_value, num_heads, num_kv_heads, out,
+                    "_npu_flash_attention")
+
+
+def _atb_flash_attention_unpad(query, key, value, seq_len, scale_value, num_heads, num_kv_heads, out):
+    _self_attention(query, key, value, None, seq_len, scale_value, num_heads, num_kv_heads, out,
+                    "_npu_flash_attention_unpad")
+
+
+# --------------------------------------------------------------------------------------------------
 # registration
 
 
@@ -603,6 +950,26 @@ def register() -> list[str]:
               _camb_decode, _decode_fake)
     _register(SIM_NAMESPACE, "maca_paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
               "Tensor block_table, Tensor kv_seqlens, float softmax_scale) -> Tensor", _maca_decode, _decode_fake)
+    # the decoder-layer kernels of dlinfer's Ascend backend (schemas: op-plugin op_plugin_functions.yaml and
+    # op_plugin/ops/atb/*.cpp; npu_apply_rotary_pos_emb adds the alias annotations its in-place kernel needs)
+    _register("npu", "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+              _npu_rms_norm, _npu_rms_norm_fake)
+    _register("npu", "npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> "
+              "(Tensor, Tensor, Tensor)", _npu_add_rms_norm, _npu_add_rms_norm_fake)
+    _register("npu", "npu_swiglu(Tensor self, int dim=-1) -> Tensor", _npu_swiglu, _npu_swiglu_fake)
+    _register("npu", "npu_apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, "
+              "str layout=\"BSND\", str rotary_mode=\"half\") -> (Tensor(a!), Tensor(b!))",
+              _npu_apply_rotary_pos_emb, _npu_apply_rotary_pos_emb_fake)
+    _register("npu", "npu_scatter_nd_update_(Tensor(a!) self, Tensor indices, Tensor updates) -> Tensor(a!)",
+              _npu_scatter_nd_update_, _npu_scatter_nd_update_fake)
+    _register("atb", "_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+              "Tensor slot_indices) -> ()", _atb_reshape_and_cache, _atb_reshape_and_cache_fake)
+    _register("atb", "_npu_flash_attention(Tensor query, Tensor key, Tensor value, Tensor mask, Tensor seq_len, "
+              "float scale_value, int num_heads, int num_kv_heads, Tensor(a!) out) -> ()",
+              _atb_flash_attention, _no_output)
+    _register("atb", "_npu_flash_attention_unpad(Tensor query, Tensor key, Tensor value, Tensor seq_len, "
+              "float scale_value, int num_heads, int num_kv_heads, Tensor(a!) out) -> ()",
+              _atb_flash_attention_unpad, _no_output)
     return REGISTERED
 
 

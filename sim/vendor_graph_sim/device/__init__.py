@@ -1,7 +1,10 @@
 """A CPU simulator of accelerator graph mode: a fake ``npu`` device, graph capture/replay, streams, events, and
 simulated ``torch_npu`` modules for every graph-API generation (G0 … G5), generated from the wheel manifests and
 :data:`vendor_graph.ascend.releases.GENERATION_FACTS`. Use it in its own process: torch allows one PrivateUse1
-backend name per process.
+backend name per process. Beyond ``torch_npu.npu``, the simulated package has what the real dlinfer and lmdeploy's
+Ascend backend reach for (``contrib.transfer_to_npu``, ``utils._path_manager``, ``profiler``,
+``_C._NPUTaskGroupHandle``, ``empty_with_format``, ``__file__``/``__spec__``, the ATB plugin load, an Ascend910B1
+device name and SoC version), generated from ``data/torch_npu_surface.json`` (:mod:`._npu_surface`).
 
 Reproduced: capture executes nothing (outputs hold poison until the first replay); replay re-runs the recorded
 work on current contents, allocating from a shareable pool whose address reuse lets one graph's replay clobber
@@ -106,29 +109,42 @@ def use_torch_npu(generation_or_version: str | None = None) -> Iterator[Any]:
     """Make a simulated ``torch_npu`` importable (and ``torch.npu`` its device module) for the block.
 
     ``generation_or_version`` is a generation (``"G2b"``, its newest release) or a torch_npu version
-    (``"2.8.0.post2"``); None means the newest generation. Restores ``sys.modules`` and ``torch.npu``.
+    (``"2.8.0.post2"``); None means the newest generation. Inside the block its submodules import
+    (``torch_npu.contrib.transfer_to_npu``, ``torch_npu.profiler``, ...; each with a ``ModuleSpec``), and
+    ``torch.ops.load_library`` of its ``lib/libop_plugin_atb.so`` registers the emulated ``atb`` operators.
+    On exit ``sys.modules`` (every ``torch_npu*`` entry), ``torch.npu``, ``torch.ops.load_library`` and,
+    if ``transfer_to_npu`` redirected it, ``torch.cuda`` are restored exactly.
     """
     import sys
 
     import torch
 
+    from . import _npu_surface
+
     device = install()
     package = torch_npu_module(generation_or_version)
     entries = {"torch_npu": package, "torch_npu.npu": package.npu, "torch_npu.version": package.version,
                f"torch.{installed()}": package.npu}
-    saved = {name: sys.modules.get(name, _MISSING) for name in entries}
+    saved = {name: value for name, value in sys.modules.items() if name == "torch_npu"
+             or name.startswith("torch_npu.")}
+    saved_device_entry = sys.modules.get(f"torch.{installed()}", _MISSING)
     saved_attr = getattr(torch, installed(), device)
     try:
+        for name in saved:
+            sys.modules.pop(name, None)
         sys.modules.update(entries)
         setattr(torch, installed(), package.npu)
-        yield package
+        with _npu_surface.installed(package):
+            yield package
     finally:
         setattr(torch, installed(), saved_attr)
-        for name, value in saved.items():
-            if value is _MISSING:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = value
+        for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+        if saved_device_entry is _MISSING:
+            sys.modules.pop(f"torch.{installed()}", None)
+        else:
+            sys.modules[f"torch.{installed()}"] = saved_device_entry
 
 
 __all__ = [

@@ -37,8 +37,8 @@ from vendor_graph.patching import quiet_imports
 with quiet_imports():  # the release table, not the vendor
     from vendor_graph.ascend.releases import GENERATION_FACTS, GENERATIONS, RELEASES, release_of
 
+from . import _npu_surface, _tensor
 from . import _runtime as rt
-from . import _tensor
 
 _MANIFEST_ENV = "VENDOR_GRAPH_TORCH_NPU_MANIFESTS"
 MANIFESTS = Path(__file__).resolve().parents[1] / "data" / "torch_npu_manifests"
@@ -181,7 +181,9 @@ def _common_functions(device_type: str) -> dict[str, Any]:
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "set_device": _set_device,
-        "get_device_name": lambda device=None: f"simulated {device_type}",
+        # an Ascend 910B part (data/torch_npu_surface.json): consumers gate on the name and the SoC version
+        "get_device_name": lambda device=None: _npu_surface.device_name(),
+        **_npu_surface.device_functions(),
         "manual_seed": lambda seed: None,
         "manual_seed_all": lambda seed: None,
         "seed": lambda: None,
@@ -512,7 +514,46 @@ class _Generation:
                 _update_records(self, npu, facts, update_info, cpu_update_input)
 
         _GraphDispatchMode.__module__ = self.module_name
+        _GraphDispatchMode._sim_op_spec = staticmethod(op_spec)  # type: ignore[attr-defined]
+        _GraphDispatchMode._sim_handlers = self.handlers  # type: ignore[attr-defined]
+        self._generated_dispatch_methods(_GraphDispatchMode, classes["_GraphDispatchMode"])
         return _GraphDispatchMode
+
+    def _generated_dispatch_methods(self, cls: type, spec: dict[str, Any]) -> None:
+        """The manifest's other ``_GraphDispatchMode`` methods, with its parameter lists (``update_schema``'s
+        second parameter is ``schame`` in the releases that spell it so)."""
+        npu = self.module
+
+        def append_record(self: Any, event: Any, handle: Any, args: Any, kwargs: Any, func: Any,
+                          handler_cls: Any = None) -> None:
+            _append_record(self, npu, event, handle, args, kwargs, func)
+
+        def update_schema(cls: type, name: Any, **schema: Any) -> None:
+            # the simulator's reading of the class attribute: schemas by op name
+            cls.tensor_schema_name[name] = next(iter(schema.values()))  # type: ignore[attr-defined]
+
+        impls: dict[str, Callable[..., Any]] = {
+            "__new__": lambda cls: object.__new__(cls),
+            "_append_dispatch_record": append_record,
+            "update_schema": update_schema,
+            # unverified: torch_npu overrides it (the manifests list it); the simulator answers True, a
+            # graph-capture mode being infrastructure rather than a user mode
+            "is_infra_mode": lambda cls: True,
+        }
+        for method, info in spec["methods"].items():
+            if method in cls.__dict__ and method not in impls:
+                continue  # written above: __init__, __torch_dispatch__, update_capture_record
+            impl = impls.get(method) or _not_simulated(f"_GraphDispatchMode.{method}")
+            fn: Any = generate(method, info["params"], impl, f"_GraphDispatchMode.{method}", self.module_name)
+            if method == "__new__":
+                fn = staticmethod(fn)
+            elif "classmethod" in info.get("decorators", []):
+                fn = classmethod(fn)
+            elif "staticmethod" in info.get("decorators", []):
+                fn = staticmethod(fn)
+            setattr(cls, method, fn)
+        cls._sim_takes_handler = "handler_cls" in [  # type: ignore[attr-defined]
+            p["name"] for p in spec["methods"].get("_append_dispatch_record", {}).get("params", [])]
 
 
 class _RecordBase:
@@ -570,20 +611,43 @@ def _intercept(mode: Any, npu: types.ModuleType, func: Any, spec: dict[str, Any]
         result = op(*args, **call_kwargs)
     finally:
         handle = rt.task_group_end(stream)
-    record = npu._GraphDispatchRecord()
-    values = {"event": event, "handle": handle, "args": _freeze(list(args)), "kwargs": _freeze(call_kwargs),
-              "op_cache_entry": op}
-    for field in record._fields:
-        setattr(record, field, values.get(field))
-    record.op = op
-    record._sim_spec = spec
-    record._sim_outs = None
-    if out_op is None and handle.group.nodes:
-        record._sim_outs = getattr(handle.group.nodes[-1], "outs", None)
-    mode.graph_dispatch_records.append(record)
+    extra = {"handler_cls": mode._sim_handlers.get(func.__name__)} if mode._sim_takes_handler else {}
+    mode._sim_pending = (spec, out_op is not None)
+    try:  # through the method, as torch_npu's __torch_dispatch__ records
+        mode._append_dispatch_record(event=event, handle=handle, args=args, kwargs=call_kwargs, func=op, **extra)
+    finally:
+        mode._sim_pending = None
     if outs_for_result is not None:
         return outs_for_result[0] if len(outs_for_result) == 1 else tuple(outs_for_result)
     return result
+
+
+def _append_record(mode: Any, npu: types.ModuleType, event: Any, handle: Any, args: Any, kwargs: Any, func: Any
+                   ) -> None:
+    """``_GraphDispatchMode._append_dispatch_record``: a record of ``func`` captured as ``handle``.
+
+    From the simulator's own interception the update rule and whether the op was swapped to its ``.out``
+    overload come along; a direct call takes the rule the facts give ``func`` (none: existing keys only).
+    """
+    pending = getattr(mode, "_sim_pending", None)
+    if pending is not None:
+        spec, swapped = pending
+    else:
+        swapped = False
+        spec = type(mode)._sim_op_spec(getattr(func, "__name__", str(func))) or {
+            "recorded_as": getattr(func, "__name__", str(func)), "kwargs": "existing_keys_only", "args": (),
+            "should_handle": False}
+    record = npu._GraphDispatchRecord()
+    values = {"event": event, "handle": handle, "args": _freeze(list(args)), "kwargs": _freeze(dict(kwargs)),
+              "op_cache_entry": func}
+    for field in record._fields:
+        setattr(record, field, values.get(field))
+    record.op = func
+    record._sim_spec = spec
+    record._sim_outs = None
+    if not swapped and isinstance(handle, rt.TaskGroupHandle) and handle.group.nodes:
+        record._sim_outs = getattr(handle.group.nodes[-1], "outs", None)
+    mode.graph_dispatch_records.append(record)
 
 
 _update_streams: dict[int, Any] = {}
@@ -649,9 +713,10 @@ _module_ids = itertools.count()
 def torch_npu_module(spec: str | None = None) -> types.ModuleType:
     """A fresh simulated ``torch_npu`` package for a generation (``"G3a"``) or a version (``"2.8.0.post2"``).
 
-    It has ``npu`` (the device module), ``__version__``, ``version`` (``__version__``, ``git_version``)
-    and resolves ``torch_npu.<op>`` to ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``. Installing it is
-    :func:`vendor_graph_sim.device.use_torch_npu`'s job.
+    It has ``npu`` (the device module), ``__version__``, ``version`` (``__version__``, ``git_version``),
+    ``__file__``/``__spec__``, the submodules and functions of ``data/torch_npu_surface.json`` (see
+    :mod:`._npu_surface`) and resolves ``torch_npu.<op>`` to ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``.
+    Installing it is :func:`vendor_graph_sim.device.use_torch_npu`'s job.
     """
     version, generation = resolve(spec)
     manifest = load_manifest(version)
@@ -665,8 +730,22 @@ def torch_npu_module(spec: str | None = None) -> types.ModuleType:
     version_module.git_version = manifest["version_py"].get("git_version")  # type: ignore[attr-defined]
     package.version = version_module  # type: ignore[attr-defined]
     package.__sim_generation__ = generation  # type: ignore[attr-defined]
+    # where consumers look for files next to torch_npu (lib/libop_plugin_atb.so), and a real spec
+    package.__file__ = str(_npu_surface.package_file())  # type: ignore[attr-defined]
+    package.__spec__ = _npu_surface.make_spec(package, True, origin=package.__file__)
+    package.__loader__ = package.__spec__.loader
+    package.npu.__spec__ = _npu_surface.make_spec(package.npu, False)
+    version_module.__spec__ = _npu_surface.make_spec(version_module, False)
+    for name, fn in _npu_surface.package_functions().items():
+        setattr(package, name, fn)
+    package.__sim_surface__ = _npu_surface.Surface(package, manifest)  # type: ignore[attr-defined]
 
     def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"simulated torch_npu has no attribute {name!r}")
+        submodule = package.__sim_surface__.attribute(name)
+        if submodule is not None:
+            return submodule
         for namespace in ("npu", "atb"):
             try:
                 return getattr(getattr(torch.ops, namespace), name)

@@ -1,0 +1,325 @@
+"""The simulated torch_npu's surface outside ``torch_npu.npu``, GENERATED from ``data/torch_npu_surface.json``.
+
+The wheel manifests cover the graph and stream API of ``torch_npu.npu``; the real dlinfer and lmdeploy's
+Ascend backend also reach for ``torch_npu.contrib.transfer_to_npu``, ``torch_npu.utils._path_manager``,
+``torch_npu.profiler``, ``torch_npu._C._NPUTaskGroupHandle``, ``torch_npu.empty_with_format``,
+``torch_npu.__file__`` (to load ``lib/libop_plugin_atb.so``) and ``torch.npu.get_soc_version()``. Which
+names exist, and their parameter lists, come from that data file (each entry names its sources); what
+they do is the simulator's:
+
+- the package's ``__file__`` is ``data/torch_npu/__init__.py`` of this package, and
+  :func:`plugin_loads` makes ``torch.ops.load_library`` of a plugin listed there (the ATB plugin)
+  register the emulated operators (:func:`vendor_graph_sim.kernels.register`) instead of dlopen-ing it;
+  any other path goes to torch's own loader;
+- importing ``torch_npu.contrib.transfer_to_npu`` points every public ``torch.cuda`` attribute that the
+  simulated ``torch.npu`` also has at the ``torch.npu`` one (:class:`CudaRedirect`), until
+  ``use_torch_npu`` exits, which restores ``torch.cuda`` exactly;
+- submodules are imported through a meta-path finder installed for the ``use_torch_npu`` block, so each
+  has a real ``ModuleSpec`` and ``importlib.util.find_spec`` works on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _runtime as rt
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SURFACE_FILE = DATA / "torch_npu_surface.json"
+PACKAGE_DIR = DATA / "torch_npu"
+_MISSING = object()
+
+
+@cache
+def surface() -> dict[str, Any]:
+    """The parsed ``data/torch_npu_surface.json``."""
+    return json.loads(SURFACE_FILE.read_text())
+
+
+def package_file() -> Path:
+    """What the simulated ``torch_npu.__file__`` is."""
+    return DATA / surface()["package_file"]["__file__"]
+
+
+def plugin_paths() -> dict[str, Path]:
+    """Plugin libraries under the simulated package's directory: relative name -> path."""
+    return {name: package_file().parent / name for name in surface()["plugins"]}
+
+
+def device_name() -> str:
+    return surface()["device_module"]["device_name"]
+
+
+def soc_version() -> int:
+    return int(surface()["device_module"]["soc_version"])
+
+
+def device_properties(device_name: Any = None) -> Any:
+    """What ``torch.npu.get_device_properties`` reports: the part's name and memory; ``major`` is None, as on
+    the torch_npu releases lmdeploy's MLA config check guards against."""
+    import types
+
+    return types.SimpleNamespace(**surface()["device_module"]["properties"])
+
+
+# --------------------------------------------------------------------------------------------------
+# the submodules
+
+
+class _Loader(importlib.abc.Loader):
+    """Hands out a prebuilt submodule; running it applies its side effect (``transfer_to_npu``)."""
+
+    def __init__(self, module: types.ModuleType, on_exec: Callable[[], None] | None = None) -> None:
+        self.module = module
+        self.on_exec = on_exec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if self.on_exec is not None:
+            self.on_exec()
+
+
+def make_spec(module: types.ModuleType, is_package: bool, origin: str | None = None,
+              on_exec: Callable[[], None] | None = None) -> importlib.machinery.ModuleSpec:
+    spec = importlib.machinery.ModuleSpec(module.__name__, _Loader(module, on_exec), origin=origin,
+                                          is_package=is_package)
+    if origin is not None:
+        spec.has_location = True
+    return spec
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the submodules of one simulated torch_npu package (installed for a ``use_torch_npu`` block)."""
+
+    def __init__(self, package: types.ModuleType) -> None:
+        self.package = package
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if sys.modules.get("torch_npu") is not self.package:
+            return None
+        return self.package.__sim_surface__.specs.get(fullname)
+
+
+class CudaRedirect:
+    """``transfer_to_npu``: torch.cuda's attributes that the simulated torch.npu also has, pointed at it."""
+
+    def __init__(self, npu: types.ModuleType) -> None:
+        self.npu = npu
+        self.saved: dict[str, Any] | None = None
+
+    def names(self) -> list[str]:
+        return sorted(name for name in vars(self.npu) if not name.startswith("_") and hasattr(torch.cuda, name))
+
+    @property
+    def applied(self) -> bool:
+        return self.saved is not None
+
+    def apply(self) -> None:
+        if self.saved is not None:
+            return
+        names = self.names()
+        self.saved = {name: torch.cuda.__dict__.get(name, _MISSING) for name in names}
+        for name in names:
+            setattr(torch.cuda, name, getattr(self.npu, name))
+
+    def restore(self) -> None:
+        saved, self.saved = self.saved, None
+        for name, value in (saved or {}).items():
+            if value is _MISSING:
+                torch.cuda.__dict__.pop(name, None)
+            else:
+                setattr(torch.cuda, name, value)
+
+
+class Surface:
+    """The generated submodules of one simulated package, their specs, and the ``torch.cuda`` redirect."""
+
+    def __init__(self, package: types.ModuleType, manifest: dict[str, Any]) -> None:
+        self.package = package
+        self.redirect = CudaRedirect(package.npu)
+        self.modules: dict[str, types.ModuleType] = {}
+        self.specs: dict[str, importlib.machinery.ModuleSpec] = {}
+        for fullname, info in surface()["submodules"].items():
+            module = types.ModuleType(fullname, f"Simulated {fullname}.")
+            module.__vendor_graph_sim__ = True  # type: ignore[attr-defined]
+            on_exec = self.redirect.apply if info.get("side_effect") == "redirect_cuda" else None
+            builder = _BUILDERS.get(fullname)
+            if builder is not None:
+                builder(module, info, manifest)
+            self.modules[fullname] = module
+            self.specs[fullname] = make_spec(module, bool(info.get("package")), on_exec=on_exec)
+        #: what ``torch_npu.<name>`` imports on first attribute access (no submodule with a side effect)
+        self.lazy = {name.split(".")[1] for name, info in surface()["submodules"].items()
+                     if name.count(".") == 1 and not info.get("side_effect")}
+
+    def attribute(self, name: str) -> types.ModuleType | None:
+        """``torch_npu.<name>`` for a submodule: imported if this package is the installed one."""
+        if name not in self.lazy:
+            return None
+        fullname = f"torch_npu.{name}"
+        if sys.modules.get("torch_npu") is self.package:
+            import importlib
+
+            return importlib.import_module(fullname)
+        return self.modules[fullname]
+
+
+# builders: the behaviour behind each submodule's names --------------------------------------------
+
+
+def _build_c(module: types.ModuleType, info: dict[str, Any], manifest: dict[str, Any]) -> None:
+    types_of = {"_NPUTaskGroupHandle": rt.TaskGroupHandle}
+    for token in info["from_binary_strings"]:
+        if manifest.get("binary_strings", {}).get(token):
+            setattr(module, token, types_of[token])
+
+
+def _check_directory_path_readable(cls: Any, path: Any) -> None:
+    where = os.fspath(path)
+    if not os.path.exists(where):
+        raise RuntimeError(f"The path {where} does not exist (simulated torch_npu PathManager)")
+    if not os.access(where, os.R_OK):
+        raise RuntimeError(f"The path {where} is not readable (simulated torch_npu PathManager)")
+
+
+def _build_path_manager(module: types.ModuleType, info: dict[str, Any], manifest: dict[str, Any]) -> None:
+    from ._torch_npu import generate
+
+    impls = {"check_directory_path_readable": _check_directory_path_readable}
+    for cls_name, spec in info["classes"].items():
+        namespace: dict[str, Any] = {"__module__": module.__name__}
+        for method, method_info in spec["classmethods"].items():
+            namespace[method] = classmethod(generate(method, method_info["params"], impls[method],
+                                                     f"{cls_name}.{method}", module.__name__))
+        setattr(module, cls_name, type(cls_name, (), namespace))
+
+
+class _Profile(torch.profiler.profile):
+    """Simulated ``torch_npu.profiler.profile``: torch's profiler over the host, where the simulated device's
+    work runs; ``ProfilerActivity.NPU`` adds nothing beyond CPU."""
+
+    def __init__(self, *args: Any, activities: Any = None, experimental_config: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, activities=[torch.profiler.ProfilerActivity.CPU], **kwargs)
+
+
+def _build_profiler(module: types.ModuleType, info: dict[str, Any], manifest: dict[str, Any]) -> None:
+    activity = enum.Enum("ProfilerActivity", list(info["ProfilerActivity"]), module=module.__name__)
+    profile = type("profile", (_Profile,), {"__module__": module.__name__, "__doc__": _Profile.__doc__})
+    values = {"profile": profile, "ProfilerActivity": activity, "schedule": torch.profiler.schedule,
+              "tensorboard_trace_handler": torch.profiler.tensorboard_trace_handler}
+    for name in info["names"]:
+        setattr(module, name, values[name])
+
+
+_BUILDERS: dict[str, Callable[[types.ModuleType, dict[str, Any], dict[str, Any]], None]] = {
+    "torch_npu._C": _build_c,
+    "torch_npu.utils._path_manager": _build_path_manager,
+    "torch_npu.profiler": _build_profiler,
+}
+
+
+def _empty_with_format(size: Any, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = False,
+                       acl_format: Any = 2) -> torch.Tensor:
+    from . import _tensor
+
+    return torch.empty(size, dtype=dtype, layout=layout or torch.strided,
+                       device=device if device is not None else _tensor._DEVICE)
+
+
+def _npu_fusion_attention(query: Any, key: Any, value: Any, head_num: Any, input_layout: Any, **kwargs: Any) -> Any:
+    try:
+        op = torch.ops.npu.npu_fusion_attention
+    except (AttributeError, RuntimeError):
+        raise NotImplementedError("torch_npu.npu_fusion_attention exists on a real torch_npu but is not emulated by "
+                                  "the simulator (no torch.ops.npu.npu_fusion_attention is registered)") from None
+    return op(query, key, value, head_num, input_layout, **kwargs)
+
+
+_PACKAGE_IMPLS = {"empty_with_format": _empty_with_format, "npu_fusion_attention": _npu_fusion_attention}
+
+
+def package_functions() -> dict[str, Callable[..., Any]]:
+    """``torch_npu.<function>`` (``empty_with_format``) with the data file's parameter lists."""
+    from ._torch_npu import generate
+
+    return {name: generate(name, info["params"], _PACKAGE_IMPLS[name], name, "torch_npu")
+            for name, info in surface()["package_functions"].items()}
+
+
+def device_functions() -> dict[str, Callable[..., Any]]:
+    """The device-module functions of the data file (``get_soc_version``)."""
+    from ._torch_npu import generate
+
+    impls = {"get_soc_version": soc_version, "get_device_properties": device_properties}
+    return {name: generate(name, info["params"], impls[name], name, "torch_npu.npu")
+            for name, info in surface()["device_module"]["functions"].items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# installing
+
+
+def _is_plugin(path: Any) -> bool:
+    try:
+        where = os.path.realpath(os.fspath(path))
+    except TypeError:
+        return False
+    return any(where == os.path.realpath(p) for p in plugin_paths().values())
+
+
+@contextlib.contextmanager
+def plugin_loads() -> Iterator[None]:
+    """For the block, ``torch.ops.load_library(<simulated torch_npu>/lib/libop_plugin_atb.so)`` registers the
+    emulated operators instead of dlopen; every other path goes to torch's loader. Restored on exit."""
+    ops = torch.ops
+    saved = ops.__dict__.get("load_library", _MISSING)
+    real = ops.load_library
+
+    def load_library(path: Any) -> None:
+        if not _is_plugin(path):
+            return real(path)
+        from vendor_graph_sim import kernels
+
+        kernels.register()
+        ops.loaded_libraries.add(os.fspath(path))
+        return None
+
+    load_library.__doc__ = real.__doc__
+    ops.load_library = load_library
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            ops.__dict__.pop("load_library", None)
+        else:
+            ops.load_library = saved
+
+
+@contextlib.contextmanager
+def installed(package: types.ModuleType) -> Iterator[None]:
+    """The package's finder and plugin loads for the block; on exit, ``torch.cuda`` is restored if
+    ``transfer_to_npu`` redirected it."""
+    finder = _Finder(package)
+    sys.meta_path.insert(0, finder)
+    try:
+        with plugin_loads():
+            yield
+    finally:
+        package.__sim_surface__.redirect.restore()
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
