@@ -33,7 +33,8 @@ def separate_copies_write(self: Any, writes: list) -> None:
                 idx[d] = slice(n, hw)
                 for later in range(d + 1, len(extent)):
                     idx[later] = slice(0, max(extent[later], st.high_water[later]))
-                dst[tuple(idx)].fill_(st.pad)
+                box = dst[tuple(idx)]
+                box.fill_(st.pad) if st.pad_full is None else box.copy_(st.pad_full[tuple(idx)])
         st.high_water = tuple(extent)
 
 

@@ -103,7 +103,8 @@ def _fill_field(self: BufferSpec, f: BufferField, state: GraphBuffers, src: Any)
             idx[d] = slice(n, hw)
             for later in range(d + 1, len(extent)):
                 idx[later] = slice(0, max(extent[later], st.high_water[later]))
-            dst[tuple(idx)].fill_(f.pad)
+            box = dst[tuple(idx)]
+            box.fill_(f.pad) if st.pad_full is None else box.copy_(st.pad_full[tuple(idx)])
     st.high_water = tuple(extent)
 
 

@@ -161,12 +161,14 @@ class BufferField:
     ``required`` names why a missing source is an error at capture. ``absent_is_padding``: a source
     present at capture may be absent on a later step, meaning "all padding" (lmdeploy passes adapter ids
     in its warm-up but None while no request uses an adapter); the buffer is then reset to ``pad``.
+    ``pad`` is one value for every padding element, or a function ``(dims, graph_meta)`` giving the
+    whole buffer's padding content (a value per element, such as a distinct slot per padding row).
     """
 
     name: str
     shape: tuple
     dtype: torch.dtype | None
-    pad: int | float | bool
+    pad: int | float | bool | Callable[[GraphDims, Any], Any]
     bind: tuple[Ref, ...]
     source: Ref | None = None
     placement: Placement = Placement.DEVICE
@@ -219,11 +221,17 @@ class _FieldState:
     # (extent, high water) -> the writes of a fill with that extent after one with that high water:
     # the live view, then (stale box, pad source) pairs. Built once per pair, reused every step.
     plans: dict = field(default_factory=dict)
-    # One element holding the pad value (same dtype and device), expanded to each stale box.
+    # One element holding the pad value (same dtype and device), expanded to each stale box; or, for a
+    # field whose padding differs per element, the whole buffer's padding content, narrowed like the box.
     pad_one: torch.Tensor | None = None
+    pad_full: torch.Tensor | None = None
     pad: int | float | bool = 0
     on_host: bool = False
     device: str = "cpu"  # the buffer's device type
+
+    def padding(self) -> torch.Tensor:
+        """The whole buffer as padding: what every element past the live extent holds."""
+        return self.pad_full if self.pad_full is not None else torch.full_like(self.tensor, self.pad)
 
 
 _MAX_PLANS = 256  # per field; a schedule touches a handful of extents per graph
@@ -277,8 +285,8 @@ def pinned_staging_available() -> bool:
     return True
 
 
-def _box_views(dst: torch.Tensor, extent: tuple[int, ...], high_water: tuple[int, ...], pad_one: torch.Tensor
-               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _box_views(dst: torch.Tensor, extent: tuple[int, ...], high_water: tuple[int, ...], pad_one: torch.Tensor | None,
+               pad_full: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The padding left stale by a fill of ``high_water`` followed by one of ``extent``, as disjoint boxes,
     each with its pad source."""
     boxes = []
@@ -286,7 +294,7 @@ def _box_views(dst: torch.Tensor, extent: tuple[int, ...], high_water: tuple[int
         if n < hw:
             # Dims before d: this extent (the rest of them was reset by an earlier box); dim d: [n, hw);
             # dims after d: whatever either step wrote.
-            view = dst
+            view, pad = dst, pad_full
             for e in range(len(extent)):
                 if e < d:
                     start, stop = 0, extent[e]
@@ -295,8 +303,9 @@ def _box_views(dst: torch.Tensor, extent: tuple[int, ...], high_water: tuple[int
                 else:
                     start, stop = 0, max(extent[e], high_water[e])
                 view = view.narrow(e, start, stop - start)
+                pad = pad.narrow(e, start, stop - start) if pad is not None else None
             if view.numel():
-                boxes.append((view, pad_one.expand(view.shape)))
+                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))
     return boxes
 
 
@@ -397,7 +406,7 @@ class BufferSpec:
             self._check_required(f, graph_meta, src)
             if f.source is not None and src is None:
                 continue
-            state.fields[f.name] = self._allocate(f, dims, graph_meta.device, src)
+            state.fields[f.name] = self._allocate(f, dims, graph_meta, src)
         setattr(graph_meta, _STATE_ATTR, state)
         return {name: st.tensor for name, st in state.fields.items()}
 
@@ -408,7 +417,8 @@ class BufferSpec:
                 raise ValueError(f"{self.vendor}: {f.source} is required ({why}) but this step has none")
 
     @staticmethod
-    def _allocate(f: BufferField, dims: GraphDims, device: Any, src: Any) -> _FieldState:
+    def _allocate(f: BufferField, dims: GraphDims, graph_meta: Any, src: Any) -> _FieldState:
+        device = graph_meta.device
         sizes = {BATCH: dims.batch, TOKENS: dims.tokens, BLOCKS: dims.blocks, BATCH_PLUS_ONE: dims.batch + 1}
         shape = []
         for i, d in enumerate(f.shape):
@@ -423,6 +433,10 @@ class BufferSpec:
             tensor = torch.as_tensor(content, dtype=dtype).reshape(shape).to(where)
             return _FieldState(tensor=tensor, high_water=tuple(tensor.shape), on_host=tensor.device.type == "cpu",
                                device=tensor.device.type)
+        if callable(f.pad):
+            pad_full = torch.as_tensor(f.pad(dims, graph_meta), dtype=dtype).reshape(shape).to(where)
+            return _FieldState(tensor=pad_full.clone(), high_water=(0,) * len(shape), pad_full=pad_full,
+                               pad=f.pad, on_host=pad_full.device.type == "cpu", device=pad_full.device.type)
         tensor = torch.full(shape, f.pad, dtype=dtype, device=where)
         pad_one = torch.full((1,) * len(shape), f.pad, dtype=dtype, device=where)
         return _FieldState(tensor=tensor, high_water=(0,) * len(shape), pad_one=pad_one, pad=f.pad,
@@ -470,7 +484,7 @@ class BufferSpec:
             if st is None and not state.sealed:
                 self._check_required(f, graph_meta, src)
                 if src is not None:
-                    st = fields[f.name] = self._allocate(f, state.dims, graph_meta.device, src)
+                    st = fields[f.name] = self._allocate(f, state.dims, graph_meta, src)
                     graph_meta.input_buffers[f.name] = st.tensor
             if st is not None and static:
                 continue
@@ -587,7 +601,7 @@ class BufferSpec:
         live = dst
         for d, n in enumerate(extent):
             live = live.narrow(d, 0, n)
-        plan = (live if live.numel() else None, _box_views(dst, tuple(extent), st.high_water, st.pad_one))
+        plan = (live if live.numel() else None, _box_views(dst, tuple(extent), st.high_water, st.pad_one, st.pad_full))
         if len(st.plans) >= _MAX_PLANS:
             st.plans.clear()
         st.plans[(extent, st.high_water)] = plan
@@ -629,6 +643,11 @@ class BufferSpec:
 
     # -- introspection ------------------------------------------------------------------------------
 
+    @staticmethod
+    def padding(graph_meta: Any, name: str) -> torch.Tensor:
+        """Buffer ``name`` of the graph behind ``graph_meta`` as all padding (rows past the live batch hold it)."""
+        return graph_buffers(graph_meta).fields[name].padding()
+
     def describe(self) -> list[dict[str, str]]:
         """One row per field, for `vendor-graph plan` and the docs."""
         rows = []
@@ -639,7 +658,8 @@ class BufferSpec:
                     "shape": "(" + ", ".join(d.value if isinstance(d, _Dim) else str(d) for d in f.shape) + ")",
                     "dtype": str(f.dtype).replace("torch.", "") if f.dtype is not None else "as source",
                     "where": f.placement.value,
-                    "pad": "static" if f.is_static else repr(f.pad),
+                    "pad": "static" if f.is_static else
+                           f"per element ({f.pad.__name__})" if callable(f.pad) else repr(f.pad),
                     "from": str(f.source) if f.source is not None and not f.is_static else "-",
                     "bound to": ", ".join(str(r) for r in f.bind),
                 }

@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import VENDORS, __version__, patching, settings
+from .vendor import MIXIN_METHODS
 
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
@@ -219,7 +220,26 @@ def _upstream_notes(version) -> list[str]:
                      "published dlinfer (0.2.7 on PyPI, 0.2.8 on GitHub) provides"
                      + ("; the dlinfer here has it" if has else "; the dlinfer here does not have it"
                         if _findable("dlinfer") else ""))
+    if version >= Version("0.18"):
+        llm = _dlinfer_source_text("ops/llm.py")
+        notes.append("ascend: lmdeploy 0.18's dlinfer prefill kernel passes actual_seq_lengths_cpu= to "
+                     "dlinfer.ops.prefill_attention (and two length arguments fewer to paged_prefill_attention), "
+                     "which dlinfer main a50184e (2026-07-20) does not take: every prefill raises TypeError"
+                     + ("" if llm is None else "; the dlinfer here takes it" if "actual_seq_lengths_cpu" in llm
+                        else "; the dlinfer here does not take it: use lmdeploy 0.17 with it"))
     return notes
+
+
+def _dlinfer_source_text(relative: str) -> str | None:
+    """A file of the findable dlinfer package, read as text (importing dlinfer needs torch_npu)."""
+    spec = importlib.util.find_spec("dlinfer") if _findable("dlinfer") else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def _owner_lines(vendor: str | None) -> list[str]:
@@ -247,7 +267,7 @@ def _owner_lines(vendor: str | None) -> list[str]:
             out.append(f"  {target.rsplit('.', 1)[-1]}: {who}'s {intruder} had replaced ours; "
                        f"vendor_graph re-asserted its own")
     mixin = module.CudaGraphMixin
-    for name in ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph"):
+    for name in MIXIN_METHODS:
         out.append(f"  {name:<26} {_owner(mixin.__dict__.get(name, getattr(mixin, name, None)))}")
     if not vendor:
         out.append("  (no vendor active in this process: `vendor-graph doctor --vendor ascend` shows what an "

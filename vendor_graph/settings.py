@@ -126,6 +126,27 @@ class Text(Kind):
         return text
 
 
+@dataclass(frozen=True)
+class SourceTree(Kind):
+    """A directory holding ``<package>/__init__.py`` (a source checkout's root); the value is its absolute path."""
+
+    package: str = ""
+
+    @property
+    def accepted(self) -> str:
+        return f"a directory holding {self.package}/__init__.py (a {self.package} source checkout's root)"
+
+    @property
+    def advice(self) -> str:
+        return f"give the checkout's root, the folder that holds the {self.package}/ package"
+
+    def parse(self, text: str) -> str:
+        root = os.path.abspath(os.path.expanduser(text))
+        if not os.path.isfile(os.path.join(root, self.package, "__init__.py")):
+            raise ValueError(text)
+        return root
+
+
 FLAG = Flag()
 
 
@@ -198,6 +219,9 @@ class Settings:
                                             "Ascend: ExternalEvents the graphs may hold", none="no limit")
     seqlen_update: str = _declare(Choice(("auto", "graph-update", "task-update")), "auto",
                                   "Ascend: auto, graph-update or task-update")
+    dlinfer_src: str | None = _declare(SourceTree("dlinfer"), None,
+                                       "the dlinfer source tree the real-stack tests and demo run on the simulator",
+                                       none="an installed dlinfer, if any")
 
 
 def _runtime_settings() -> dict[str, Setting]:
@@ -227,6 +251,8 @@ TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_RANDOM_SCHEDULES", "random schedules the conformance suite runs", scope="tooling"),
     Setting("VENDOR_GRAPH_PROPERTY_EXAMPLES", "examples the property tests run", scope="tooling"),
     Setting("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "seeded schedules per decode-parity case", scope="tooling"),
+    Setting("VENDOR_GRAPH_REAL_STACK_GENERATIONS", "the torch_npu generations the real-stack leg runs (default all)",
+            scope="tooling"),
 )}
 KNOWN: dict[str, Setting] = {**SETTINGS, **TOOLING}
 _BY_FIELD = {s.field: s for s in SETTINGS.values()}

@@ -1,8 +1,9 @@
 """A vendor as a small parameterisation of shared parts: its buffer spec and its runner builder.
 
-:func:`install` turns a :class:`VendorProfile` into patches on lmdeploy: the three ``CudaGraphMixin``
-buffer methods derived from the vendor's :class:`~vendor_graph.buffers.BufferSpec`, and a wrapper
-around the vendor op backend's ``build_graph_runner`` that checks ownership where the runner is built.
+:func:`install` turns a :class:`VendorProfile` into patches on lmdeploy: the four ``CudaGraphMixin``
+methods dlinfer replaces (the three buffer methods, derived from the vendor's
+:class:`~vendor_graph.buffers.BufferSpec`, and ``support_cuda_graph``), and a wrapper around the vendor op
+backend's ``build_graph_runner`` that checks ownership where the runner is built.
 """
 
 from __future__ import annotations
@@ -70,8 +71,27 @@ def _model_inputs(input_ids, position_ids, inputs_embeds, kwargs) -> dict[str, A
     return inputs
 
 
+def support_cuda_graph(self, input_ids, position_ids, past_key_values, attn_metadata=None, inputs_embeds=None,
+                       **kwargs) -> bool:
+    """lmdeploy's own rule (0.16-0.18): a graph for every step that is decoding on all DP ranks.
+
+    dlinfer's Ascend module replaces it with a rule that refuses multi-token decode below torch_npu
+    2.8.0.post1 and caches its first answer for the whole process. Which multi-token keys a graph can
+    serve is the runner's business (its seq-len path is chosen per op and per runner), not a
+    process-wide version gate.
+    """
+    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+
+    return get_step_ctx_manager().current_context().global_is_decoding()
+
+
+MIXIN_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph",
+                 "support_cuda_graph")
+
+
 def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
-    """The ``CudaGraphMixin`` methods for ``profile``, all three reading the same spec."""
+    """The ``CudaGraphMixin`` methods for ``profile``: the three buffer methods, all reading the same
+    spec, and lmdeploy's ``support_cuda_graph`` rule (:data:`MIXIN_METHODS`)."""
 
     def make_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
                                inputs_embeds=None, **kwargs):
@@ -103,6 +123,12 @@ def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
         fn.__qualname__ = name
         fn.__module__ = f"vendor_graph.{profile.name}"
         fn.__doc__ = f"vendor_graph.{profile.name}: {name.replace('_cudagraph', '')} from the vendor's BufferSpec."
+    @functools.wraps(support_cuda_graph)
+    def support_cuda_graph_of_vendor(self, *args, **kwargs) -> bool:
+        return support_cuda_graph(self, *args, **kwargs)
+
+    support_cuda_graph_of_vendor.__module__ = f"vendor_graph.{profile.name}"
+    methods["support_cuda_graph"] = support_cuda_graph_of_vendor
     return methods
 
 

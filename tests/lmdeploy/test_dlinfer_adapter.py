@@ -1,8 +1,9 @@
 """dlinfer's Ascend decode attention routed through vendor_graph.ascend.hook.call_attention (stand-in dlinfer).
 
-The stand-in modules (the simulator package's dlinfer/vendor/ascend/{attention,torch_npu_ops}.py) call the
-same operators with the same keyword spellings as dlinfer; ``vendor_graph_sim.kernels`` gives those
-operators CPU kernels (it is not the simulator).
+The stand-in modules (the simulator package's dlinfer/vendor/ascend/{attention,torch_npu_ops}.py and
+dlinfer/framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py) have dlinfer main's layout and signatures and
+call the same operators with the same keyword spellings; ``vendor_graph_sim.kernels`` gives those operators
+CPU kernels (it is not the simulator).
 """
 
 import importlib
@@ -21,7 +22,11 @@ from vendor_graph.ascend.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
 
 ATTENTION = dlinfer_adapter.ATTENTION_MODULE
 OPS = dlinfer_adapter.OPS_MODULE
-STANDIN = (ATTENTION, OPS, "dlinfer.vendor.ascend.graph_state")
+# Where dlinfer keeps its capture flag and graph params; importing it reassigns CudaGraphMixin's methods.
+CUDAGRAPH = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"
+STANDIN = (ATTENTION, OPS, CUDAGRAPH)
+MIXIN_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph",
+                 "support_cuda_graph")
 
 
 def _forget_standins():
@@ -34,10 +39,25 @@ def _forget_standins():
 
 @pytest.fixture(autouse=True)
 def fresh_standins():
-    """Each test imports the stand-ins itself; none stay behind for later tests' activations."""
+    """Each test imports the stand-ins itself; none (nor their CudaGraphMixin displacement, nor dlinfer's
+    graph params) stay behind for later tests."""
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+
+    saved = {name: CudaGraphMixin.__dict__.get(name) for name in MIXIN_METHODS}
     _forget_standins()
     yield
     _forget_standins()
+    for name, method in saved.items():
+        if method is None:
+            if name in CudaGraphMixin.__dict__:
+                delattr(CudaGraphMixin, name)
+        else:
+            setattr(CudaGraphMixin, name, method)
+
+
+def dlinfer_cudagraph():
+    """dlinfer's capture state (``AscendGraphRunner.capturing``, graph params), as its attention imports it."""
+    return importlib.import_module(CUDAGRAPH)
 
 
 def activate_adapter():
@@ -82,24 +102,23 @@ def decode_inputs(batch=3, heads=4, kv_heads=2, dim=8, v_dim=8, block_size=4, bl
     block_table = torch.arange(batch * 2, dtype=torch.int32).reshape(batch, 2)
     kv_lens = torch.tensor([5, 1, 8][:batch], dtype=torch.int32)
     return dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=block_table,
-                block_size=block_size, kv_seq_len=kv_lens, max_kv_seq_len=8, num_q_heads=heads,
-                num_kv_heads=kv_heads, softmax_scale=None, alibi_slopes=None)
+                block_size=block_size, q_seq_len=list(range(1, batch + 1)),  # TND: cumulative query ends
+                kv_seq_len=kv_lens, max_kv_seq_len=8, num_q_heads=heads, num_kv_heads=kv_heads,
+                softmax_scale=None, alibi_slopes=None, kv_scales=None, kv_zeros=None, quant_bits=0)
 
 
 def run_paged(ops, variant, **overrides):
-    """One call of the stand-in's paged_decode_attention: 'pa' (0.2.7), 'fia' (main) or 'mla'."""
+    """One call of dlinfer's (stand-in) torch_npu_ops.paged_decode_attention, every argument given as dlinfer
+    requires: 'fia' (equal head sizes: npu_fused_infer_attention_score) or 'mla' (_npu_paged_attention_mla)."""
     if variant == "mla":
         inputs = decode_inputs(dim=12, v_dim=8)
         out = torch.zeros(inputs["query"].shape[0], inputs["num_q_heads"], 8)
     else:
         inputs = decode_inputs()
         out = torch.zeros_like(inputs["query"])
+        inputs["kv_seq_len"] = inputs["kv_seq_len"].tolist()  # FIA takes its lengths as host lists
     inputs.update(overrides)
-    extra = {}
-    if variant == "fia":
-        extra["q_seq_len"] = list(range(1, inputs["query"].shape[0] + 1))  # TND: cumulative query ends
-        inputs["kv_seq_len"] = inputs["kv_seq_len"].tolist()
-    return ops.paged_decode_attention(attn_output=out, **inputs, **extra)
+    return ops.paged_decode_attention(attn_output=out, **inputs)
 
 
 # -- patched after import, in both orders -------------------------------------------------------------
@@ -148,58 +167,67 @@ def test_ascend_activation_wires_the_adapter(activate):
 # -- calls go through call_attention during a capture, and only then ----------------------------------
 
 
+class FakeEvent:
+    def wait(self, stream):
+        pass
+
+    def reset(self, stream):
+        pass
+
+
+def fake_npu():
+    """The torch.npu calls a capture scope and dlinfer's own capture branch make."""
+    return types.SimpleNamespace(ExternalEvent=FakeEvent, current_stream=lambda: "stream",
+                                 graph_task_group_begin=lambda s: None, graph_task_group_end=lambda s: "handle")
+
+
+def capabilities(generation):
+    return Capabilities("2.9.0", generation, dict(releases.GENERATION_FACTS[generation]), "table")
+
+
 @pytest.mark.parametrize("variant, op_name", [
-    ("pa", "_npu_paged_attention"),
     ("fia", "npu_fused_infer_attention_score"),
     ("mla", "_npu_paged_attention_mla"),
 ])
 def test_attention_is_routed_during_capture_only(variant, op_name):
     ops = import_ops()
-    from dlinfer.vendor.ascend import graph_state
-
-    expected = run_paged(ops, variant)  # dlinfer's function, not patched
-    activate_adapter()
-    eager = run_paged(ops, variant)  # patched, no capture: a plain call
-    scope = FakeScope()
-    token = hook._SCOPE.set(scope)
+    cudagraph = dlinfer_cudagraph()
+    cudagraph.set_graph_params({3})  # as dlinfer's runner sizes them; ours never does
     try:
-        captured = run_paged(ops, variant)
+        expected = run_paged(ops, variant)  # dlinfer's function, not patched
+        activate_adapter()
+        eager = run_paged(ops, variant)  # patched, no capture: a plain call
+        scope = FakeScope()
+        token = hook._SCOPE.set(scope)
+        try:
+            captured = run_paged(ops, variant)
+        finally:
+            hook._SCOPE.reset(token)
+        assert [hook.op_identity(op)[0].name for op, _, _ in scope.calls] == [op_name]
+        torch.testing.assert_close(eager, expected)
+        torch.testing.assert_close(captured, expected)
+        # dlinfer's own bookkeeping (keyed on its global flag) recorded nothing.
+        params = cudagraph.get_graph_params()
+        assert params.events[3] == params.attn_params[3] == params.handles[3] == []
     finally:
-        hook._SCOPE.reset(token)
-    assert [hook.op_identity(op)[0].name for op, _, _ in scope.calls] == [op_name]
-    torch.testing.assert_close(eager, expected)
-    torch.testing.assert_close(captured, expected)
-    # dlinfer's own bookkeeping (keyed on its global flag) recorded nothing.
-    assert graph_state.get_graph_params().records == []
+        cudagraph.clear_graph_params()
 
 
 def test_routed_tasks_register_with_a_capture_scope_and_refresh():
-    """A real CaptureScope (torch_npu G3b facts, a fake torch.npu): PA and FIA take NPUGraph.update, MLA
-    the task-group path; re-issuing the MLA task with new lengths changes its output."""
+    """A real CaptureScope (torch_npu G3b facts, a fake torch.npu): FIA takes NPUGraph.update, MLA the
+    task-group path; re-issuing the MLA task with new lengths changes its output."""
     activate_adapter()
     ops = import_ops()
-
-    class Event:
-        def wait(self, stream):
-            pass
-
-        def reset(self, stream):
-            pass
-
-    npu = types.SimpleNamespace(ExternalEvent=Event, graph_task_group_begin=lambda s: None,
-                                graph_task_group_end=lambda s: "handle")
-    caps = Capabilities("2.9.0", "G3b", dict(releases.GENERATION_FACTS["G3b"]), "table")
-    scope = hook.CaptureScope(npu=npu, capabilities=caps, stream="stream", auto_dispatch=True)
+    scope = hook.CaptureScope(npu=fake_npu(), capabilities=capabilities("G3b"), stream="stream",
+                              auto_dispatch=True)
     with scope:
-        run_paged(ops, "pa")
         run_paged(ops, "fia")
         mla_out = run_paged(ops, "mla")
     assert [(t.spec.name, t.path) for t in scope.tasks] == [
-        ("_npu_paged_attention", GRAPH_UPDATE),
         ("npu_fused_infer_attention_score", GRAPH_UPDATE),
         ("_npu_paged_attention_mla", TASK_UPDATE),
     ]
-    mla = scope.tasks[2]
+    mla = scope.tasks[1]
     assert mla.handle == "handle" and mla.event is not None
     before = mla_out.clone()
     mla.call_with([1, 1, 1])  # what the runner does after each fill, on the update stream
@@ -208,19 +236,86 @@ def test_routed_tasks_register_with_a_capture_scope_and_refresh():
     assert not torch.allclose(before, mla_out)
 
 
+def test_functional_fia_on_the_task_update_path_is_captured_as_out_and_refreshed():
+    """G1: dlinfer's decode FIA is functional and its lengths can only be refreshed by re-issuing the task;
+    the scope captures FIA.out into preallocated outputs, hands those back, and a re-issue rewrites them."""
+    activate_adapter()
+    ops = import_ops()
+    scope = hook.CaptureScope(npu=fake_npu(), capabilities=capabilities("G1"), stream="stream")
+    with scope:
+        out = run_paged(ops, "fia")
+    (task,) = scope.tasks
+    assert (task.spec.name, task.path) == ("npu_fused_infer_attention_score", TASK_UPDATE)
+    assert task.op is torch.ops.npu.npu_fused_infer_attention_score.out
+    assert task.kwargs["attention_out"] is out and task.handle == "handle"
+    torch.testing.assert_close(out, run_paged(ops, "fia"))
+    task.call_with([2, 3, 4])
+    torch.testing.assert_close(out, run_paged(ops, "fia", kv_seq_len=[2, 3, 4]))
+
+
 def test_dlinfer_capture_flag_during_our_capture_is_refused(fake_scope):
     activate_adapter()
     ops = import_ops()
-    from dlinfer.vendor.ascend import graph_state
-
-    graph_state.AscendGraphRunner.capturing = True
+    cudagraph = dlinfer_cudagraph()
+    cudagraph.AscendGraphRunner.capturing = True
     try:
         with pytest.raises(dlinfer_adapter.DlinferCaptureConflict, match="decode_attention"):
-            run_paged(ops, "pa")
+            run_paged(ops, "fia")
     finally:
-        graph_state.AscendGraphRunner.capturing = False
-    assert graph_state.get_graph_params().records == []
+        cudagraph.AscendGraphRunner.capturing = False
+    assert cudagraph.get_graph_params() is None  # dlinfer's bookkeeping was not reached
     assert fake_scope.calls == []
+
+
+@pytest.mark.parametrize("variant, op_name, is_mla", [
+    ("fia", "_npu_paged_attention", False),
+    ("mla", "_npu_paged_attention_mla", True),
+])
+def test_dlinfers_own_capture_outside_ours_is_left_to_dlinfer(monkeypatch, variant, op_name, is_mla):
+    """dlinfer's flag set with no vendor_graph capture (dlinfer's own runner capturing): the routed function
+    does not route; dlinfer opens its own task group (paged attention, as below torch_npu 2.8.0.post1)."""
+    npu = fake_npu()
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    activate_adapter()
+    ops = import_ops()
+    cudagraph = dlinfer_cudagraph()
+    assert not cudagraph.aclgraph_use_torch_npu_update()  # no torch_npu here
+    seen = []
+
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.name().split("::")[-1].partition(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    cudagraph.set_graph_params({3})
+    cudagraph.AscendGraphRunner.capturing = True
+    try:
+        with Seen():  # paged attention takes its lengths as a tensor
+            out = run_paged(ops, variant, kv_seq_len=torch.tensor([5, 1, 8], dtype=torch.int32))
+        params = cudagraph.get_graph_params()
+        assert [p[-1] for p in params.attn_params[3]] == [out]  # attn_output, written in place
+        assert len(params.events[3]) == 1 and params.handles[3] == ["handle"] and params.is_mla is is_mla
+    finally:
+        cudagraph.AscendGraphRunner.capturing = False
+        cudagraph.clear_graph_params()
+    assert op_name in seen and "npu_fused_infer_attention_score" not in seen
+
+
+def test_ops_level_call_as_lmdeploy_makes_it_reaches_the_routed_function(fake_scope):
+    """lmdeploy 0.16-0.18 call dlinfer.ops.paged_decode_attention with ten positional arguments (q_seqlens
+    sixth) and head_size_v= among the keywords; dlinfer drops head_size_v before the vendor's function."""
+    import dlinfer.ops as ext_ops
+
+    activate_adapter()
+    inputs = decode_inputs()
+    kv = inputs["kv_seq_len"].tolist()
+    out = ext_ops.paged_decode_attention(
+        inputs["query"], inputs["key_cache"], inputs["value_cache"], inputs["block_table"], inputs["block_size"],
+        inputs["q_seq_len"], kv, inputs["max_kv_seq_len"], inputs["num_q_heads"], inputs["num_kv_heads"],
+        head_size_v=inputs["value_cache"].shape[-1], softmax_scale=None, attn_output=torch.zeros_like(inputs["query"]),
+        kv_scales=None, kv_zeros=None, quant_bits=0)
+    assert [hook.op_identity(op)[0].name for op, _, _ in fake_scope.calls] == ["npu_fused_infer_attention_score"]
+    torch.testing.assert_close(out, run_paged(import_ops(), "fia"))
 
 
 # -- uninstall, missing functions ---------------------------------------------------------------------

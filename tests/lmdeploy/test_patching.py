@@ -15,7 +15,8 @@ from vendor_graph import compat, patching, settings
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 SUPPORTED_HERE = compat.vendors_supporting(compat.installed_lmdeploy_version())
 
-BUFFER_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph")
+BUFFER_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph",
+                  "support_cuda_graph")
 OP_BACKENDS = {
     "ascend": ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend"),
     "camb": ("lmdeploy.pytorch.backends.dlinfer.camb.op_backend", "CambOpsBackend"),
@@ -60,8 +61,8 @@ def test_uninstall_restores_the_originals_exactly(vendor, activate):
     before = state()
     activate(vendor)
     activate(vendor)  # idempotent: no second layer of patches
-    # the mixin's three, the builder, and on Ascend the step-context wrapper of the MoE padding
-    assert len(patching.active().patches) == 4 + (vendor == "ascend")
+    # the mixin's four, the builder, and on Ascend the step-context wrapper of the MoE padding
+    assert len(patching.active().patches) == 5 + (vendor == "ascend")
     vendor_graph.uninstall()
     assert state() == before
     assert vendor_graph.active_vendor() is None
@@ -91,7 +92,9 @@ def test_dlinfer_importing_after_us_is_undone_and_logged(vendor, activate, caplo
         try_import_deeplink(vendor)
     assert owners(mixin()) == ours
     displaced = patching.active().displaced
-    assert {target.rsplit(".", 1)[-1] for target, _ in displaced} == set(BUFFER_METHODS)
+    # dlinfer's Ascend module displaces support_cuda_graph as well; Camb's and MACA's leave lmdeploy's
+    expected = set(BUFFER_METHODS) - ({"support_cuda_graph"} if vendor != "ascend" else set())
+    assert {target.rsplit(".", 1)[-1] for target, _ in displaced} == expected
     assert all(f"{vendor}_cudagraph" in by for _, by in displaced)
     assert "had been replaced by dlinfer.framework.lmdeploy_ext.cudagraph" in caplog.text
 
@@ -102,7 +105,8 @@ def test_dlinfer_imported_before_us_is_displaced_and_restored_on_uninstall(vendo
         monkeypatch.delitem(sys.modules, name)
     importlib.import_module("dlinfer.framework.lmdeploy_ext")
     theirs = owners(mixin())
-    assert all(f"{vendor}_cudagraph" in fn.__module__ for fn in theirs.values())
+    displaced = {n: fn for n, fn in theirs.items() if vendor == "ascend" or n != "support_cuda_graph"}
+    assert all(f"{vendor}_cudagraph" in fn.__module__ for fn in displaced.values())
     activate(vendor)
     assert all(fn.__module__ == f"vendor_graph.{vendor}" for fn in owners(mixin()).values())
     vendor_graph.uninstall()

@@ -38,8 +38,8 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "padding kv_start_indices -1 changed to 0", "ascend/spec.py",
-        'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=-1,',
-        'BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=0,',
+        "        return [-1] * dims.tokens",
+        "        return [0] * dims.tokens",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "Camb max_kv_seq_len left at the value frozen at capture", "cuda_style.py",

@@ -20,7 +20,8 @@ def per_field_write(self, writes):
         st.tensor[tuple(slice(0, n) for n in extent)].copy_(src)
         for d, (n, hw) in enumerate(zip(extent, st.high_water, strict=True)):
             if n < hw:
-                st.tensor.narrow(d, n, hw - n).fill_(st.pad)
+                box = st.tensor.narrow(d, n, hw - n)
+                box.fill_(st.pad) if st.pad_full is None else box.copy_(st.pad_full.narrow(d, n, hw - n))
         st.high_water = tuple(extent)
 
 

@@ -27,6 +27,7 @@ def _build_runner(original, *args, **kwargs):
 
 
 def _setup(activation: patching.Activation) -> None:
+    dlinfer_adapter.check_installed()  # dlinfer-ascend 0.2.7 cannot decode with lmdeploy 0.16-0.18 at all
     moe.route(activation)
     # dlinfer's Ascend decode attention registers its captured tasks with our runner.
     dlinfer_adapter.install(activation)

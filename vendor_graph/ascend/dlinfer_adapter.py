@@ -5,9 +5,9 @@ only while dlinfer's ``AscendGraphRunner.capturing`` is set; vendor_graph never 
 would be captured with their host KV lengths frozen. That flag set during our capture means dlinfer's runner is
 capturing too and both would record the same task: the wrapper raises.
 
-Checked only against the simulator's stand-in (dlinfer's wheels are aarch64 and import torch_npu).
-``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so every module
-binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
+Checked against the real dlinfer main (a50184e) on the simulated NPU (tests/realstack) and the simulator's
+stand-in. ``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so
+every module binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
 
 ===========================  ==========================================================================
 dlinfer-ascend 0.2.7 (PyPI)  defined in ``vendor.ascend.attention``, imported into ``vendor.ascend.torch_npu_ops``;
@@ -17,6 +17,10 @@ GitHub main (0.2.8, 2026)    same; ``decode_attention`` gains ``q_seq_len`` and 
                              actual_seq_lengths_kv=kv_seq_len)``; MLA unchanged
 older GitHub revisions       both defined in ``vendor.ascend.torch_npu_ops`` (no ``attention`` module)
 ===========================  ==========================================================================
+
+Also: dlinfer's MoE ``apply_mlp`` (more than 1024 experts) takes its host-sync-free path during a vendor_graph
+capture, as under dlinfer's own capture flag; and dlinfer-ascend 0.2.7, which cannot decode with lmdeploy
+0.16-0.18 at all, is refused at activation (:func:`check_installed`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,66 @@ EXPECTED_VERSIONS = "dlinfer-ascend 0.2.7 and the GitHub main branch (0.2.8)"
 _MARK = "__vendor_graph_routed__"
 # One wrapper per dlinfer function, so every module binding the function binds the same wrapper.
 _WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# dlinfer-ascend releases whose paged_decode_attention has no q_seq_len: lmdeploy 0.16-0.18 pass q_seqlens
+# positionally, so their first decode attention raises TypeError ("multiple values for argument 'head_size_v'").
+FIRST_COMPATIBLE = "0.2.8"
+DISTRIBUTIONS = ("dlinfer-ascend", "dlinfer_ascend", "dlinfer")
+
+
+class DlinferIncompatible(ImportError):
+    """The installed dlinfer cannot decode with the supported lmdeploy releases."""
+
+
+def installed_dlinfer() -> tuple[str, str] | None:
+    """(distribution, version) of the installed dlinfer, from package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    for dist in DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def incompatibility(version: str) -> str | None:
+    """Why dlinfer ``version`` cannot serve lmdeploy 0.16-0.18 decode, or None."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if Version(version) >= Version(FIRST_COMPATIBLE):
+            return None
+    except InvalidVersion:
+        return None
+    return (f"dlinfer {version} cannot decode with lmdeploy 0.16-0.18: its paged_decode_attention takes no "
+            f"q_seq_len, so lmdeploy's first decode attention raises TypeError (\"multiple values for argument "
+            f"'head_size_v'\"), eager or graph. Fix: install dlinfer {FIRST_COMPATIBLE} or later (its GitHub main "
+            f"branch: DEVICE=ascend pip install git+https://github.com/DeepLink-org/dlinfer.git)")
+
+
+def check_installed() -> None:
+    """Refuse activation on a dlinfer that cannot decode at all (:class:`DlinferIncompatible`)."""
+    found = installed_dlinfer()
+    if found is None:
+        return
+    problem = incompatibility(found[1])
+    if problem is not None:
+        raise DlinferIncompatible(f"vendor_graph.ascend: {found[0]} {found[1]} is installed. {problem}")
+
+
+def _decode_signature_problem(module: Any) -> str | None:
+    import inspect
+
+    fn = module.__dict__.get("paged_decode_attention")
+    try:
+        params = inspect.signature(fn).parameters if fn is not None else {}
+    except (TypeError, ValueError):
+        return None
+    if params and "q_seq_len" not in params:
+        return incompatibility("0.2.7")
+    return None
 
 
 class DlinferCaptureConflict(RuntimeError):
@@ -109,6 +173,10 @@ def is_routed(func: Any) -> bool:
 
 
 def _patch_module(activation: patching.Activation, module_name: str, module: Any) -> None:
+    if module_name == OPS_MODULE:
+        problem = _decode_signature_problem(module)
+        if problem is not None:  # a source install without metadata: said where it is found
+            logger.error("vendor_graph.ascend: %s.paged_decode_attention has no q_seq_len: %s", module_name, problem)
     missing = []
     for name in EXPECTED.get(module_name, FUNCTIONS):
         if any(p.owner is module and p.name == name for p in activation.patches):
@@ -132,9 +200,45 @@ def _patch_module(activation: patching.Activation, module_name: str, module: Any
             "vendor_graph.ascend.dlinfer_adapter's table", module_name, name, EXPECTED_VERSIONS)
 
 
+MOE_MODULE = "dlinfer.vendor.ascend.moe"
+# dlinfer's switch to the MoE path without host syncs (for more experts than one grouped matmul takes); its
+# own graph runner's capture flag selects that path too, and vendor_graph's capture must as well.
+MOE_CAPTURABLE_SWITCH = "_MOE_PREFILL_USE_CATCHALL"
+
+
+def _capturable_moe(original: Callable[..., Any], module: Any) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def apply_mlp(*args, **kwargs):
+        if not hook.capturing():
+            return original(*args, **kwargs)
+        # The row-slicing path reads expert counts on the host (.tolist()), which cannot be captured.
+        saved = getattr(module, MOE_CAPTURABLE_SWITCH)
+        setattr(module, MOE_CAPTURABLE_SWITCH, True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            setattr(module, MOE_CAPTURABLE_SWITCH, saved)
+
+    setattr(apply_mlp, _MARK, f"{MOE_MODULE}.apply_mlp")
+    return apply_mlp
+
+
+def _patch_moe(activation: patching.Activation, module: Any) -> None:
+    current = module.__dict__.get("apply_mlp")
+    if current is None or not hasattr(module, MOE_CAPTURABLE_SWITCH):
+        logger.warning("vendor_graph.ascend: %s has no apply_mlp / %s (a dlinfer other than %s): its MoE path for "
+                       "more than 1024 experts is not made capturable", MOE_MODULE, MOE_CAPTURABLE_SWITCH,
+                       EXPECTED_VERSIONS)
+        return
+    if is_routed(current) or any(p.owner is module and p.name == "apply_mlp" for p in activation.patches):
+        return
+    activation.add(patching.Patch(module, "apply_mlp", _capturable_moe(current, module), owner_is_module=True))
+
+
 def install(activation: patching.Activation) -> None:
     """Route dlinfer's Ascend decode attention through ``call_attention`` once its modules are imported
     (now, if they are; else right after their import). Every change is a reversible Patch on
     ``activation``; ``vendor_graph.uninstall()`` restores dlinfer's functions."""
     for module_name in EXPECTED:
         patching.when_imported(module_name, functools.partial(_patch_module, activation, module_name))
+    patching.when_imported(MOE_MODULE, functools.partial(_patch_moe, activation))

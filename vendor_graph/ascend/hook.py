@@ -50,6 +50,45 @@ def op_identity(op: Any) -> tuple[AttentionOp, str]:
     return ATTENTION_OPS[base], f".{overload}" if overload else ".default"
 
 
+def _meta_like(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta_like(v) for v in value)
+    return value
+
+
+def out_variant(op: Any, spec: AttentionOp, overload: str, args: tuple, kwargs: dict[str, Any]
+                ) -> tuple[Any, dict[str, Any], Any]:
+    """(the ``.out`` overload, ``kwargs`` with preallocated outputs, the value the functional call returns).
+
+    The outputs are sized by the op's meta kernel on meta copies of the inputs (host lengths stay host
+    values), then allocated on the query's device.
+    """
+    packet = getattr(op, "overloadpacket", op)
+    out_op = getattr(packet, "out", None)
+    if out_op is None:
+        raise NoSeqLenUpdate(
+            f"{spec.name}{overload} needs the task-update path here, which re-issues the op into the same "
+            f"outputs, and this torch_npu has no {spec.name}.out overload to capture instead")
+    functional = packet.default if overload in ("", ".default") else op
+    try:
+        shapes = functional(*_meta_like(args), **{k: v if k == spec.key else _meta_like(v) for k, v in kwargs.items()})
+    except Exception as exc:  # noqa: BLE001 - no meta kernel, or it refused these inputs
+        raise NoSeqLenUpdate(
+            f"{spec.name}{overload} needs the task-update path here, and its .out overload's outputs cannot be "
+            f"sized ({type(exc).__name__}: {exc})") from exc
+    metas = shapes if isinstance(shapes, (tuple, list)) else (shapes,)
+    query = args[0] if args else kwargs.get("query")
+    device = query.device if isinstance(query, torch.Tensor) else None
+    outs = [torch.empty_strided(m.size(), m.stride(), dtype=m.dtype, device=device) for m in metas]
+    names = [a.name for a in out_op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(names) != len(outs):
+        raise NoSeqLenUpdate(f"{spec.name}.out writes {names}, but the functional call returns {len(outs)} outputs")
+    result = outs[0] if not isinstance(shapes, (tuple, list)) else type(shapes)(outs)
+    return out_op, {**kwargs, **dict(zip(names, outs, strict=True))}, result
+
+
 @dataclass
 class AttentionTask:
     """One captured attention call and how to refresh its host KV lengths."""
@@ -113,13 +152,13 @@ class CaptureScope:
                 f"({self.capabilities.generation or 'unknown generation'}) offers no way to refresh its "
                 f"{spec.key} in a captured graph"
             )
+        result = None
         if path == TASK_UPDATE and overload != ".out" and not spec.writes_given_output:
             # A re-issued functional op would write a fresh tensor, not the one the graph's later
-            # tasks read (torch_npu's own dispatcher swaps to .out for the same reason).
-            raise NoSeqLenUpdate(
-                f"{spec.name}{overload} needs the task-update path here, which re-issues the op: call "
-                f"{spec.name}.out with preallocated outputs under capture"
-            )
+            # tasks read: capture its .out overload into preallocated outputs instead, as torch_npu's
+            # own dispatcher does on the generations that intercept it.
+            op, kwargs, result = out_variant(op, spec, overload, args, kwargs)
+            overload = ".out"
         if path == TASK_UPDATE and self.auto_dispatch and intercepted(self.capabilities.facts, spec, overload):
             # torch_npu would wrap this call in a task group of its own, and groups cannot nest.
             raise NeedsTaskGroupCapture(f"{spec.name}{overload} is intercepted by NPUGraph's dispatcher")
@@ -135,7 +174,7 @@ class CaptureScope:
             out = op(*args, **kwargs)
             task.handle = npu.graph_task_group_end(self.stream)
         self.tasks.append(task)
-        return out
+        return out if result is None else result
 
     def __enter__(self) -> CaptureScope:
         self._token = _SCOPE.set(self)

@@ -209,12 +209,16 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
             "block_size": getattr(self.cache_config, "block_size", 64),
         }
         fields = getattr(CudaGraphMeta, "__dataclass_fields__", {})
-        return CudaGraphMeta(
+        meta = CudaGraphMeta(
             max_batchs=key.padded_batch, max_tokens=key.padded_tokens, num_blocks=self.num_blocks,
             is_decoding=key.decoding, device=self.device, input_buffers={}, output_buffers={},
             vocab_size=getattr(cfg, "vocab_size", 1), decode_query_len=key.query_len,
             **{k: v for k, v in optional.items() if k in fields},
         )
+        # What the KV-slot padding depends on (spec.kv_slot_padding): MLA caches are filled by scatter.
+        meta.kv_is_mla = getattr(cfg, "k_head_dim", None) != getattr(cfg, "v_head_dim", None)
+        meta.kv_block_size = int(getattr(self.cache_config, "block_size", 64))
+        return meta
 
     def _bind(self, graph: AscendSingleGraph, kwargs: dict[str, Any]) -> dict[str, Any]:
         padded = self.model.fill_buffers_cudagraph(graph.meta, **kwargs)

@@ -61,6 +61,20 @@ def _max_kv_len_cap(dims, attn_metadata) -> int:
     return dims.blocks * int(attn_metadata.block_size)
 
 
+def kv_slot_padding(dims, graph_meta) -> list[int]:
+    """The KV slot of each padding token.
+
+    Non-MLA caches are written by ATB ReshapeAndCache, whose kernels skip a negative slot (every ND/NZ
+    variant on A2/A3/310P): -1, so a padding row writes nothing, not even reserved block 0. MLA caches are
+    written by ``npu_scatter_nd_update_``, where a negative index is documented as unsupported: distinct
+    slots of block 0 (lmdeploy keeps it out of every sequence), cycling when the padding outgrows one block.
+    """
+    if not getattr(graph_meta, "kv_is_mla", False):
+        return [-1] * dims.tokens
+    block_size = int(getattr(graph_meta, "kv_block_size", 0) or 1)
+    return [i % block_size for i in range(dims.tokens)]
+
+
 HOST_KV_SEQLENS = "kv_seqlens"  # the host buffer of KV lengths the runner's seq-len refresh reads each replay
 
 
@@ -69,9 +83,7 @@ def ascend_spec(api: LmdeployApi) -> BufferSpec:
         *model_input_fields(),
         block_table_field(),
         adapter_ids_field(),
-        # One slot per token; -1 makes the KV write skip padding rows (they write nothing, not even
-        # the reserved block 0).
-        BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=-1,
+        BufferField("kv_start_indices", (TOKENS,), torch.int32, pad=kv_slot_padding,
                     source=Ref.attn("kv_start_indices"), bind=(Ref.attn("kv_start_indices"),)),
         BufferField("x_active_mask", (TOKENS,), torch.bool, pad=False,
                     source=Ref.context("moe_metadata.x_active_mask"),

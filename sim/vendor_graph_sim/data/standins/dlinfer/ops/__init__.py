@@ -1,4 +1,7 @@
-"""Every kernel is a function that refuses to run: there is no vendor device here."""
+"""Stand-in ``dlinfer.ops``: ``paged_decode_attention`` (in ``.llm``, as in dlinfer) reaches the vendor's
+decode attention; every other kernel is a function that refuses to run (there is no vendor device here)."""
+
+from .llm import *  # noqa: F401,F403
 
 
 def __getattr__(name: str):

@@ -1,26 +1,49 @@
-"""Stand-in for ``dlinfer.vendor.ascend.attention`` (our own code; names and op calls as dlinfer's).
+"""Stand-in for ``dlinfer.vendor.ascend.attention`` (our own code; signatures, op calls and branches as dlinfer
+main a50184e's).
 
-Function names, keyword spellings of the operator calls and the branch on the global
-``AscendGraphRunner.capturing`` flag follow dlinfer-ascend 0.2.7 and dlinfer's main branch:
+The capture state is dlinfer's, imported from ``dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph`` as
+the real module does (so importing this module reassigns lmdeploy's ``CudaGraphMixin`` methods, as it does
+on an NPU):
 
-* ``decode_attention``: while dlinfer's flag is set, dlinfer records the call in its own bookkeeping and
-  issues ``atb._npu_paged_attention`` in a task group; otherwise 0.2.7 calls
-  ``atb._npu_paged_attention(..., context_lens=kv_seq_len, out=attn_output)`` and main calls the
-  functional ``npu.npu_fused_infer_attention_score(..., input_layout="TND", actual_seq_lengths=q_seq_len,
-  actual_seq_lengths_kv=kv_seq_len)``. The stand-in takes the main branch's kernel when ``q_seq_len`` is
-  given, 0.2.7's otherwise.
-* ``decode_attention_mla``: ``atb._npu_paged_attention_mla(..., context_lens=kv_seq_len,
-  mla_vheadsize=..., out=attn_output)`` in both.
+* ``decode_attention(..., block_size, q_seq_len, kv_seq_len, softmax_scale, attn_output)``: while dlinfer's
+  ``AscendGraphRunner.capturing`` is set and torch_npu is older than 2.8.0.post1, it waits on and resets an
+  ``ExternalEvent``, records the event and the call's arguments into dlinfer's graph params (keyed by the
+  token count), and issues ``atb._npu_paged_attention(..., context_lens=kv_seq_len, out=attn_output)`` in a
+  task group (``graph_task_group_begin/end``), recording the handle. Otherwise, always the functional
+  ``npu.npu_fused_infer_attention_score(..., input_layout="TND", actual_seq_lengths=q_seq_len,
+  actual_seq_lengths_kv=kv_seq_len)`` on the caches viewed (blocks, block_size, kv_heads*dim); it returns
+  that op's fresh output, not ``attn_output``.
+* ``decode_attention_mla``: ``atb._npu_paged_attention_mla(..., context_lens=kv_seq_len, mla_vheadsize=...,
+  out=attn_output)``; under dlinfer's flag (any torch_npu) inside the same event/task-group bookkeeping.
 
 The kernels are whatever ``torch.ops`` holds: on CPU, ``vendor_graph_sim.kernels`` registers emulated
-ones. Stand-in shapes: ``query`` (tokens, heads, dim), KV caches (blocks, block_size, kv_heads, dim).
+ones. Shapes: ``query`` (tokens, heads, dim), KV caches (blocks, block_size, kv_heads, dim).
 """
 
 import math
 
 import torch
 
-from .graph_state import AscendGraphRunner, get_graph_params
+from dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph import (
+    AscendGraphRunner,
+    aclgraph_use_torch_npu_update,
+    get_graph_params,
+)
+
+
+def _task_group(num_tokens, params, is_mla, issue):
+    """dlinfer's own capture of one attention call: event, recorded arguments, task group, handle."""
+    graph_params = get_graph_params()
+    stream = torch.npu.current_stream()
+    event = torch.npu.ExternalEvent()
+    event.wait(stream)
+    event.reset(stream)
+    graph_params.events[num_tokens].append(event)
+    graph_params.attn_params[num_tokens].append(params)
+    graph_params.is_mla = is_mla
+    torch.npu.graph_task_group_begin(stream)
+    issue()
+    graph_params.handles[num_tokens].append(torch.npu.graph_task_group_end(stream))
 
 
 def decode_attention(
@@ -32,31 +55,33 @@ def decode_attention(
     scale_value,
     block_table,
     block_size,
+    q_seq_len,
     kv_seq_len,
     softmax_scale,
     attn_output,
-    q_seq_len=None,
 ):
-    if AscendGraphRunner.capturing:
-        # dlinfer's own capture bookkeeping (the real one also opens a task group and an ExternalEvent).
-        get_graph_params().records.append(("decode_attention", {"kv_seq_len": kv_seq_len}))
-    if q_seq_len is None:
-        torch.ops.atb._npu_paged_attention(
-            query=query,
-            key_cache=key_cache,
-            value_cache=value_cache,
-            num_kv_heads=num_kv_heads,
-            num_heads=num_q_heads,
-            scale_value=scale_value,
-            block_table=block_table,
-            context_lens=kv_seq_len,
-            out=attn_output,
-        )
+    if AscendGraphRunner.capturing and not aclgraph_use_torch_npu_update():
+        def issue():
+            torch.ops.atb._npu_paged_attention(
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                num_kv_heads=num_kv_heads,
+                num_heads=num_q_heads,
+                scale_value=scale_value,
+                block_table=block_table,
+                context_lens=kv_seq_len,
+                out=attn_output,
+            )
+
+        params = (query, key_cache, value_cache, num_kv_heads, num_q_heads, scale_value, block_table,
+                  kv_seq_len, attn_output)
+        _task_group(query.shape[0], params, False, issue)
         return attn_output
     dim = query.shape[-1]
     blocks = key_cache.size(0)
     attn_output, _ = torch.ops.npu.npu_fused_infer_attention_score(
-        query=query,
+        query=query.contiguous(),
         key=key_cache.view(blocks, block_size, -1),
         value=value_cache.view(blocks, block_size, -1),
         atten_mask=None,
@@ -84,17 +109,23 @@ def decode_attention_mla(
     mla_vheadsize,
     attn_output,
 ):
+    def issue():
+        torch.ops.atb._npu_paged_attention_mla(
+            query=query,
+            key_cache=key_cache,
+            num_kv_heads=num_kv_heads,
+            num_heads=num_q_heads,
+            scale_value=scale_value,
+            block_table=block_table,
+            context_lens=kv_seq_len,
+            mla_vheadsize=mla_vheadsize,
+            out=attn_output,
+        )
+
     if AscendGraphRunner.capturing:
-        get_graph_params().records.append(("decode_attention_mla", {"kv_seq_len": kv_seq_len}))
-    torch.ops.atb._npu_paged_attention_mla(
-        query=query,
-        key_cache=key_cache,
-        num_kv_heads=num_kv_heads,
-        num_heads=num_q_heads,
-        scale_value=scale_value,
-        block_table=block_table,
-        context_lens=kv_seq_len,
-        mla_vheadsize=mla_vheadsize,
-        out=attn_output,
-    )
+        params = (query, key_cache, num_kv_heads, num_q_heads, scale_value, block_table, kv_seq_len,
+                  mla_vheadsize, attn_output)
+        _task_group(query.shape[0], params, True, issue)
+    else:
+        issue()
     return attn_output

@@ -1,4 +1,5 @@
-"""What every real ``<vendor>_cudagraph`` module does at import: reassign the mixin's buffer methods."""
+"""What every real ``<vendor>_cudagraph`` module does at import: reassign the mixin's buffer methods (and, on
+Ascend, ``support_cuda_graph`` too, as dlinfer main's ``ascend_cudagraph`` does)."""
 
 from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
 
@@ -6,7 +7,7 @@ METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_c
 
 
 def displace(vendor: str) -> None:
-    for name in METHODS:
+    for name in METHODS + (("support_cuda_graph",) if vendor == "ascend" else ()):
         def marker(self, *args, _name=name, **kwargs):
             raise RuntimeError(f"dlinfer stand-in {vendor} {_name} ran: vendor_graph was displaced")
 
