@@ -3,6 +3,11 @@
 # every supported lmdeploy release (0.16.0, 0.17.0, 0.18.0; one venv, lmdeploy swapped with --no-deps),
 # ending on 0.18.0, then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
 # VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
+# The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
+# generation) runs every generation on the last release and G1 + G5 on the others, after the host suites
+# on their core; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it runs (unset and no dlinfer installed: it skips).
+# The random schedules and property examples run in full on the last release and a third of them on the
+# others (they exercise the runners, whose lmdeploy-facing parts every release's other suites cover).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python
@@ -16,22 +21,42 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # torch_npu wheels the contract test re-extracts: downloaded once per run, not once per lmdeploy.
 export VENDOR_GRAPH_WHEEL_CACHE=$reports/wheels
 versions=${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}
+if [ -n "${VENDOR_GRAPH_DLINFER_SRC:-}" ]; then  # absolute: tests run children in other folders
+  VENDOR_GRAPH_DLINFER_SRC=$(cd "$VENDOR_GRAPH_DLINFER_SRC" && pwd)
+  export VENDOR_GRAPH_DLINFER_SRC
+fi
 for version in $versions; do
   "$root/scripts/setup-env.sh" "$version"
   echo "=== lmdeploy $version"
   start=$SECONDS
   # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
   contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
+  if [ "$version" = "${versions##* }" ]; then
+    real_gens=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-120} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-30}
+  else
+    real_gens=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1 G5}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-40} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+  fi
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
   # process, beside the host suites (one core each; each pytest is single-threaded).
-  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy tests/mutations $contract "$@" \
-    > "$reports/$version-host.log" 2>&1 &
+  ( "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy \
+      tests/mutations $contract "$@" > "$reports/$version-host.log" 2>&1 || exit 1
+    real_start=$SECONDS
+    VENDOR_GRAPH_REAL_STACK_GENERATIONS="$real_gens" "$py" -m pytest -q -p no:cacheprovider -rs \
+      --junitxml="$reports/$version-realstack.xml" tests/realstack "$@" > "$reports/$version-realstack.log" 2>&1 \
+      && rc=0 || rc=$?
+    echo "--- real stack ($real_gens): $((SECONDS - real_start)) s" >> "$reports/$version-realstack.log"
+    exit $rc ) &
   host=$!
-  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
+  VENDOR_GRAPH_RANDOM_SCHEDULES=$schedules VENDOR_GRAPH_PROPERTY_EXAMPLES=$examples \
+    "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
   wait "$host" || status=1
   echo "--- host suites (tests/unit tests/lmdeploy tests/mutations $contract):"
   cat "$reports/$version-host.log"
+  echo "--- real-stack leg (tests/realstack, dlinfer ${VENDOR_GRAPH_DLINFER_SRC:-installed or none}):"
+  cat "$reports/$version-realstack.log" 2>/dev/null || echo "(did not run: the host suites failed)"
   echo "=== lmdeploy $version: $((SECONDS - start)) s"
 done
 if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then

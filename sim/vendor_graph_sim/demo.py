@@ -28,7 +28,9 @@ from vendor_graph.cli import (
     json_path_type,
 )
 
-DEMO_MODEL = "tiny"  # the decoder the demo builds (vendor_graph_sim.tiny_model)
+DEMO_MODEL = "tiny"  # the decoder the demo builds by default (vendor_graph_sim.tiny_model)
+# lmdeploy's own models over the real dlinfer (vendor_graph_sim.realstack)
+REAL_STACK_MODELS = ("lmdeploy-llama", "lmdeploy-mla")
 
 
 DEMO_BACKENDS = ("sim", "cuda")  # where the demo's graphs run: the CPU simulator, or an NVIDIA GPU
@@ -79,6 +81,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         env = dict(os.environ, **{AUTOLOAD_ENV: "0"})
         argv = [sys.executable, "-m", "vendor_graph", *(args.argv or [])]
         return subprocess.call(argv, env=env)
+
+    if args.model != DEMO_MODEL:
+        return _real_stack_demo(args)
 
     from vendor_graph import compat
 
@@ -159,10 +164,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if not pair.mismatches else 1
 
 
+def _real_stack_demo(args: argparse.Namespace) -> int:
+    """lmdeploy's own model and Ascend backend over the real dlinfer, eager and graph side by side."""
+    import time
+
+    from vendor_graph import compat, settings
+
+    from . import realstack
+
+    if args.vendor != "ascend" or args.backend != "sim":
+        raise UsageError(f"--model {args.model} runs lmdeploy's Ascend backend on the simulated NPU: use "
+                         f"--vendor ascend --backend sim (or leave both out)")
+    try:
+        realstack.dlinfer_origin()
+    except realstack.DlinferUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    except settings.SettingsError as exc:
+        raise UsageError(str(exc)) from None
+    from . import device as sim
+
+    version = compat.installed_lmdeploy_version()
+    torch_npu, generation = sim.resolve(realstack.pinned_release(args.generation))
+    print(f"vendor_graph {__version__} demo: {args.model} built by lmdeploy {version} (AscendOpsBackend, real "
+          f"dlinfer) on the CPU graph simulator, simulated torch_npu {torch_npu} ({generation}); "
+          f"{args.steps} decode steps, up to {min(args.seqs, realstack.MAX_SEQS)} sequences joining and finishing")
+    start = time.perf_counter()
+    record = realstack.run(args.model, torch_npu, steps=args.steps, max_seqs=min(args.seqs, realstack.MAX_SEQS),
+                           seed=args.seed)
+    dlinfer = realstack.dlinfer_description()
+    print(f"\nParity with lmdeploy eager_mode=True over {record.steps} decode steps (greedy tokens, hidden states "
+          f"bitwise, every KV byte outside the live tokens): {'PASS' if record.parity else 'FAIL'}")
+    for line in record.mismatches[:5]:
+        print(f"  {line}")
+    print(f"graph replays {record.graph_replays}, captures {record.captures}, eager steps {record.eager_steps}"
+          + "".join(f"\n  eager: {n} x {reason}" for reason, n in record.eager_reasons.items()))
+    print(f"seq-len update path: {', '.join(record.seqlen_paths) or '-'}; prefill: {record.prefill}")
+    print(f"{dlinfer}; {time.perf_counter() - start:.1f} s on the simulator: CPU emulation, not a device speed")
+    if args.json is not None:
+        write_json(args.json, {
+            "parity": record.parity, "steps": record.steps, "graph_replays": record.graph_replays,
+            "eager_steps": record.eager_steps, "eager_reasons": record.eager_reasons, "captures": record.captures,
+            "seqlen_path": ", ".join(record.seqlen_paths) or None, "vendor": "ascend", "backend": "sim",
+            "generation": generation, "torch_npu": torch_npu, "model": args.model, "dlinfer": dlinfer,
+            "lmdeploy": str(version), "prefill": record.prefill, "mismatches": record.mismatches[:20],
+            "seed": args.seed, "vendor_graph": __version__,
+        })
+    return 0 if record.parity else 1
+
+
 def add_command(sub: argparse._SubParsersAction) -> None:
     """The ``vendor_graph.commands`` entry point: adds ``demo`` to ``vendor-graph``."""
     demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator, eager and graph side by side")
     demo.add_argument("--vendor", choices=VENDORS, default="ascend")
+    demo.add_argument("--model", choices=(DEMO_MODEL, *REAL_STACK_MODELS), default=DEMO_MODEL,
+                      help="tiny: the simulator's own decoder; lmdeploy-llama / lmdeploy-mla: lmdeploy's model "
+                           "classes and Ascend backend over the real dlinfer (VENDOR_GRAPH_DLINFER_SRC or installed)")
     demo.add_argument("--generation", default="G5", type=generation_type,
                       help="simulated torch_npu (Ascend): a generation G0 ... G5 or a torch_npu release")
     demo.add_argument("--steps", default=64, type=count_type(
