@@ -22,6 +22,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export VENDOR_GRAPH_WHEEL_CACHE=$reports/wheels
 versions=${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}
 if [ -n "${VENDOR_GRAPH_DLINFER_SRC:-}" ]; then  # absolute: tests run children in other folders
+  if [ ! -f "$VENDOR_GRAPH_DLINFER_SRC/dlinfer/__init__.py" ]; then
+    echo "VENDOR_GRAPH_DLINFER_SRC=$VENDOR_GRAPH_DLINFER_SRC holds no dlinfer/__init__.py: point it at a dlinfer" \
+         "checkout's root, or unset it (the real-stack leg then skips)" >&2
+    exit 2
+  fi
   VENDOR_GRAPH_DLINFER_SRC=$(cd "$VENDOR_GRAPH_DLINFER_SRC" && pwd)
   export VENDOR_GRAPH_DLINFER_SRC
 fi
