@@ -59,7 +59,7 @@ MUTATIONS = (
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "padding tail of an earlier larger batch not reset", "buffers.py",
-        "                boxes.append((view, pad_one.expand(view.shape)))\n",
+        "                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))\n",
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
