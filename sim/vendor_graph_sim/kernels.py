@@ -239,6 +239,17 @@ def _masked_slot_write(flat: Tensor, rows: Tensor, index: Tensor) -> None:
 # Ascend: FIA v1 / v2
 
 
+def _packed_rows(starts: Sequence[int], lens: Sequence[int], width: int, device: torch.device
+                 ) -> tuple[list[tuple[int, int]], Tensor]:
+    """Packed tokens as a (sequence, position) grid ``width`` wide: the live (i, j) cells, and for every cell
+    the packed row it reads (row 0 for cells past a sequence's end)."""
+    valid = [(i, j) for i in range(len(lens)) for j in range(lens[i])]
+    pick = torch.zeros(len(lens) * width, dtype=torch.int64)
+    for i, j in valid:
+        pick[i * width + j] = starts[i] + j
+    return valid, pick.to(device)
+
+
 def _tnd_rows(q_lens: Sequence[int] | Tensor | None, tokens: int) -> tuple[list[int], list[int]]:
     """TND: ``actual_seq_lengths`` are cumulative query ends (a host list or host tensor); per batch row, its
     starts and lengths. The ends must not decrease and must stay within the ``tokens`` rows of the query."""
@@ -300,11 +311,7 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
             raise NotImplementedError("emulated FIA: TND is supported for paged KV (block_table) only")
         starts, per_row = _tnd_rows(q_lens, query.shape[0])
         b, s = len(per_row), max(per_row, default=0) or 1
-        valid = [(i, j) for i in range(b) for j in range(per_row[i])]
-        pick = torch.zeros(b * s, dtype=torch.int64)
-        for i, j in valid:
-            pick[i * s + j] = starts[i] + j
-        pick = pick.to(device)
+        valid, pick = _packed_rows(starts, per_row, s, device)
 
         def batched(x: Tensor) -> Tensor:
             return x.reshape(x.shape[0], num_heads, -1).index_select(0, pick).reshape(b, s, num_heads, -1)
@@ -851,11 +858,7 @@ def _self_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     if b == 0 or s == 0:
         return
     device = query.device
-    valid = [(i, j) for i in range(b) for j in range(lens[i])]
-    pick = torch.zeros(b * s, dtype=torch.int64)
-    for i, j in valid:
-        pick[i * s + j] = starts[i] + j
-    pick = pick.to(device)
+    valid, pick = _packed_rows(starts, lens, s, device)
 
     def batched(x: Tensor) -> Tensor:
         return x.index_select(0, pick).reshape(b, s, x.shape[1], x.shape[2])
