@@ -4,10 +4,12 @@
 # ending on 0.18.0, then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
 # VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
 # The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
-# generation) runs every generation on the last release and G1 + G5 on the others, after the host suites
-# on their core; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it runs (unset and no dlinfer installed: it skips).
-# The random schedules and property examples run in full on the last release and a third of them on the
-# others (they exercise the runners, whose lmdeploy-facing parts every release's other suites cover).
+# generation) runs every generation on the last release (G0-G3b after the host suites, G4 G5 after the sim
+# suites: the two cores balanced) and G1 + G5 plus its other tests (MoE path, multi-token gate, demo) on the
+# others; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it runs (unset and no dlinfer installed: it skips).
+# The random schedules / property examples run 80/20 on the last release and 20/10 on the others (they
+# exercise the runners, whose lmdeploy-facing parts every release's other suites cover; tools/soak.py runs any
+# number).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python
@@ -16,6 +18,17 @@ trap 'rm -rf "$reports"' EXIT
 cd "$root"
 
 status=0
+# real_stack PART GENERATIONS all|matrix [pytest args]: part of the real-stack leg, its own log and report
+real_stack() {
+  local part=$1 gens=$2 which=$3 begin=$SECONDS rc=0
+  shift 3
+  local select=(); [ "$which" = matrix ] && select=(-k lmdeploy_models_decode)
+  VENDOR_GRAPH_REAL_STACK_GENERATIONS="$gens" "$py" -m pytest -q -p no:cacheprovider -rs "${select[@]}" \
+    --junitxml="$reports/$version-real-$part.xml" tests/realstack "$@" > "$reports/$version-real-$part.log" 2>&1 \
+    || rc=$?
+  echo "--- real stack, $part core ($gens; $which): $((SECONDS - begin)) s" >> "$reports/$version-real-$part.log"
+  return $rc
+}
 # Tiny tensors: intra-op threads only add overhead (and contend with the other pytest process).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # torch_npu wheels the contract test re-extracts: downloaded once per run, not once per lmdeploy.
@@ -36,32 +49,32 @@ for version in $versions; do
   start=$SECONDS
   # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
   contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
+  # Real-stack generations after the host suites / after the sim suites (balancing the two cores), and
+  # where its other tests (MoE path, multi-token gate, demo) run.
   if [ "$version" = "${versions##* }" ]; then
-    real_gens=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5}
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-120} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-30}
+    real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b} real_sim=G4\ G5 real_rest=
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-80} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
   else
-    real_gens=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1 G5}
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-40} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+    real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1} real_sim=G5 real_rest=host
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-20} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
   fi
+  [ -n "${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-}" ] && real_sim= real_rest=host
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
   # process, beside the host suites (one core each; each pytest is single-threaded).
   ( "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy \
       tests/mutations $contract "$@" > "$reports/$version-host.log" 2>&1 && host_rc=0 || host_rc=$?
-    real_start=$SECONDS
-    VENDOR_GRAPH_REAL_STACK_GENERATIONS="$real_gens" "$py" -m pytest -q -p no:cacheprovider -rs \
-      --junitxml="$reports/$version-realstack.xml" tests/realstack "$@" > "$reports/$version-realstack.log" 2>&1 \
-      && rc=0 || rc=$?
-    echo "--- real stack ($real_gens): $((SECONDS - real_start)) s" >> "$reports/$version-realstack.log"
+    real_stack host "$real_host" "$([ "$real_rest" = host ] && echo all || echo matrix)" "$@" && rc=0 || rc=$?
     [ "$host_rc" = 0 ] && exit "$rc" || exit "$host_rc" ) &
   host=$!
   VENDOR_GRAPH_RANDOM_SCHEDULES=$schedules VENDOR_GRAPH_PROPERTY_EXAMPLES=$examples \
     "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
+  if [ -n "$real_sim" ]; then real_stack sim "$real_sim" matrix "$@" || status=1; fi
   wait "$host" || status=1
   echo "--- host suites (tests/unit tests/lmdeploy tests/mutations $contract):"
   cat "$reports/$version-host.log"
   echo "--- real-stack leg (tests/realstack, dlinfer ${VENDOR_GRAPH_DLINFER_SRC:-installed or none}):"
-  cat "$reports/$version-realstack.log"
+  cat "$reports/$version"-real-*.log
   echo "=== lmdeploy $version: $((SECONDS - start)) s"
 done
 if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then

@@ -30,6 +30,7 @@ dlinfer comes from ``VENDOR_GRAPH_DLINFER_SRC`` (a source checkout, staged into 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import importlib
@@ -115,6 +116,7 @@ def stage(root: Path) -> Path:
     if key in _staged:
         return _staged[key]
     target = Path(tempfile.mkdtemp(prefix="vendor-graph-dlinfer-"))
+    atexit.register(shutil.rmtree, target, ignore_errors=True)
     shutil.copytree(root / "dlinfer", target / "dlinfer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (target / "dlinfer" / "vendor" / "vendor.yaml").write_text("vendor: ascend\ndispatch_key: PrivateUse1\n")
     _staged[key] = target
@@ -468,7 +470,7 @@ def live_slots(seqs: Sequence[Sequence_]) -> list[int]:
 BATCH_SIZES = (1, 2, 3, 5, 7, 3, 4, 8, 9, 6, 2, 1, 5)
 
 
-def plan(seed: int, *, steps: int, max_seqs: int) -> list[dict[str, Any]]:
+def plan(seed: int, *, steps: int, max_seqs: int, longest_prompt: int = BLOCK_SIZE + 4) -> list[dict[str, Any]]:
     """A decode schedule that grows, shrinks (a batch of 3 right after 7) and crosses bucket boundaries
     (8 -> 9). Each step names its batch size and the prompt lengths of the sequences that join before it
     (their prefill step); the oldest running sequences finish when the batch shrinks."""
@@ -477,7 +479,7 @@ def plan(seed: int, *, steps: int, max_seqs: int) -> list[dict[str, Any]]:
     for step in range(steps):
         size = min(max_seqs, BATCH_SIZES[step % len(BATCH_SIZES)])
         join = max(0, size - running)
-        out.append({"size": size, "join": [rng.randint(3, BLOCK_SIZE + 4) for _ in range(join)]})
+        out.append({"size": size, "join": [rng.randint(3, longest_prompt) for _ in range(join)]})
         running = size
     return out
 
@@ -595,7 +597,9 @@ class Conformance:
                     self.record.mismatches.append(f"{what}: layer {layer} {name}-cache live slots differ")
 
     def run(self, steps: int, max_seqs: int) -> Record:
-        for index, entry in enumerate(plan(self.seed, steps=steps, max_seqs=max_seqs)):
+        # Prompts fed by decode steps cost a step per token: shorter ones (the KV still crosses blocks as they decode).
+        longest = BLOCK_SIZE + 4 if self.record.prefill == "prefill" else BLOCK_SIZE // 2
+        for index, entry in enumerate(plan(self.seed, steps=steps, max_seqs=max_seqs, longest_prompt=longest)):
             size = entry["size"]
             for side in (self.eager, self.graph):
                 while len(side.running) > size:  # the oldest finish
