@@ -277,15 +277,9 @@ def write_checkpoint(model: str, directory: Path, seed: int = 0) -> Path:
 
 
 def _backend():
-    from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import AscendOpsBackend
+    from . import tiny_model  # imports lmdeploy: only once a model is built
 
-    return AscendOpsBackend
-
-
-def _single_rank_dist_meta():
-    from lmdeploy.pytorch.backends.dlinfer.ascend.op_backend import DistMeta
-
-    return DistMeta(dp_size=1, tp_size=1, ep_size=1, tp_rank=0, ep_rank=0, tp_group=None, ep_group=None)
+    return tiny_model.backend_class("ascend")
 
 
 @contextlib.contextmanager
@@ -293,9 +287,11 @@ def ascend_context() -> Iterator[None]:
     """lmdeploy's device context for ``device_type='ascend'`` and a single-rank step environment."""
     from lmdeploy.pytorch.devices import DeviceContext, get_device_manager
 
+    from . import tiny_model
+
     backend = _backend()
     saved = backend.dist_meta
-    backend.dist_meta = _single_rank_dist_meta()
+    backend.dist_meta = tiny_model._single_rank_dist_meta()
     try:
         with get_device_manager().context(DeviceContext(device_type="ascend")):
             yield
