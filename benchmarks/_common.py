@@ -43,12 +43,13 @@ def separate_copies() -> Iterator[None]:
     """Swap the straightforward fill into ``BufferSpec`` for the block."""
     from vendor_graph.buffers import BufferSpec
 
-    saved = BufferSpec._write
+    saved = BufferSpec._write, BufferSpec.fast_fill
     BufferSpec._write = separate_copies_write  # type: ignore[method-assign]
+    BufferSpec.fast_fill = False  # its steady state would not go through _write
     try:
         yield
     finally:
-        BufferSpec._write = saved  # type: ignore[method-assign]
+        BufferSpec._write, BufferSpec.fast_fill = saved  # type: ignore[method-assign]
 
 
 def specs() -> dict[str, Any]:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import operator
 import sys
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -255,6 +257,14 @@ def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor], device: str, n
         dst.copy_(src, non_blocking=non_blocking)
 
 
+def _copy_host(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Host buffers (no device work): one pair is cheaper as a plain ``copy_`` than as a foreach."""
+    if len(dsts) == 1:
+        dsts[0].copy_(srcs[0])
+    else:
+        _copy_all(dsts, srcs, "cpu")
+
+
 @functools.lru_cache(maxsize=1)
 def pinned_staging_available() -> bool:
     """Whether host sources can be staged through pinned (page-locked) memory on this platform.
@@ -329,6 +339,14 @@ class GraphBuffers:
     sealed: bool = False
     # once sealed: per bind step, the (root kind, attribute or None, setter, buffer) of every target
     binds: dict[str, list] = field(default_factory=dict)
+    # the steady-state fill (built after sealing, per whether fill is given the StepContext)
+    fast: _FastFill | None = None
+    # the extents of the fast fill's write fields as the buffers now hold them (None: not known yet);
+    # ``hw_dirty``: the fast fill moved them without updating each field's ``high_water``
+    last_sig: tuple | None = None
+    hw_dirty: bool = False
+    # the StepContext whose sources this step's fill already wrote (bind_context then only binds)
+    context_filled: Any = None
 
 
 _STATE_ATTR = "_vendor_graph_buffers"
@@ -355,6 +373,231 @@ def _dims(graph_meta: Any) -> GraphDims:
     )
 
 
+class _Miss(AttributeError):
+    """A step the fast fill does not know: the checked fill takes it."""
+
+
+def _tuple_getter(paths: list[str]) -> Callable[[Any], tuple]:
+    """``attrgetter`` that always returns a tuple (dotted paths allowed)."""
+    if not paths:
+        return lambda root: ()
+    if len(paths) == 1:
+        one = operator.attrgetter(paths[0])
+        return lambda root: (one(root),)
+    return operator.attrgetter(*paths)
+
+
+def _picker(indices: list[int]) -> Callable[[tuple], tuple]:
+    """``itemgetter`` that always returns a tuple."""
+    if not indices:
+        return lambda values: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return operator.itemgetter(*indices)
+
+
+def _resolves(root: Any, path: str) -> bool:
+    try:
+        operator.attrgetter(path)(root)
+    except AttributeError:
+        return False
+    return True
+
+
+_GENERIC_SETATTR = (object.__setattr__, types.SimpleNamespace.__setattr__)
+
+
+def _plain_attrs(obj: Any, names: list[str]) -> bool:
+    """Whether setting these attributes of ``obj`` is exactly an update of its ``__dict__``."""
+    cls = type(obj)
+    if cls.__setattr__ not in _GENERIC_SETATTR or not hasattr(obj, "__dict__"):
+        return False
+    return not any(hasattr(getattr(cls, n, None), "__set__") for n in names)
+
+
+@dataclass
+class _Program:
+    """One learnt step of the fast fill: its write lists, the sources' slots among them."""
+
+    dev_dsts: list[torch.Tensor]
+    dev_live: Callable[[tuple], tuple]  # the sources with a live view, from the write fields' sources
+    dev_pads: list[torch.Tensor]
+    host_dsts: list[torch.Tensor]
+    host_live: Callable[[tuple], tuple]
+    host_pads: list[torch.Tensor]
+
+
+_MAX_PROGRAMS = 256
+
+
+class _FastFill:
+    """The fill of a sealed graph in its steady state: every source read in a few C-level calls, the
+    step matched by its sources' shapes (and the extents the buffers hold) to a write learnt by the
+    checked fill, then one ``_foreach_copy_`` and the binds. Anything it does not know (a source that
+    appears or vanishes, a new shape, a non-tensor, another metadata type) goes to the checked fill."""
+
+    def __init__(self, spec: BufferSpec, state: GraphBuffers, with_context: bool, roots: Mapping[str, Any]) -> None:
+        self.with_context = with_context
+        entries = spec._step_fields + (spec._context_fields if with_context else ())
+        fields = state.fields
+        readers = []
+        slots: dict[str, int] = {}
+        count = 0
+        for kind in ("kwarg", "attn", "context"):
+            mine = [f for f, k, _g, static in entries if k == kind and not (static and f.name in fields)]
+            reader, order = self._reader(roots.get(kind), [f.source for f in mine])
+            readers.append(reader)
+            for i in order:
+                slots[mine[i].name] = count
+                count += 1
+        kw, at, cx = readers
+        self.read = lambda inputs, attn, context: kw(inputs) + at(attn) + cx(context)
+        present = [f for f, *_ in entries if f.name in fields and f.static is None]
+        present.sort(key=lambda f: fields[f.name].on_host)  # device writes first
+        self.writes = [fields[f.name] for f in present]
+        self.pick_writes = _picker([slots[f.name] for f in present])
+        absent = [slots[f.name] for f, *_ in entries if f.name not in fields]
+        self.pick_absent = _picker(absent)
+        self.absent = len(absent)
+        self.empty_when_absent = [(i, self.writes[i].tensor.new_empty([0] * self.writes[i].tensor.dim()))
+                                  for i, f in enumerate(present) if f.absent_is_padding]
+        self.device = next((st.device for st in self.writes if not st.on_host), "cpu")
+        self.programs: dict[tuple, _Program] = {}
+        self.fill_binds = self._binds(spec._fill_binds, fields, roots, state.held, spec._held_refs)
+        self.context_binds = self._binds(spec._context_binds, fields, roots, {}, ())
+        self.context_type = type(roots.get("context"))
+        self.context_binds_by_setter = [(s, v) for _k, flat, deep in self.context_binds
+                                        for s, v in [*((Ref("context", n).setter, t) for n, t in flat.items()), *deep]]
+
+    @staticmethod
+    def _reader(root: Any, refs: list[Ref]) -> tuple[Callable[[Any], tuple], list[int]]:
+        """A reader of ``refs`` from roots like ``root``, and the order its tuple lists them in."""
+        if not refs:
+            return (lambda r: ()), []
+        kind = type(root)
+        if isinstance(root, Mapping) and all(len(r.parts) == 1 for r in refs):
+            names = [r.path for r in refs]
+
+            def read_mapping(r: Any) -> tuple:
+                if type(r) is not kind:
+                    raise _Miss
+                return tuple(map(r.get, names))
+
+            return read_mapping, list(range(len(refs)))
+        quick = [i for i, r in enumerate(refs) if not isinstance(root, Mapping) and _resolves(root, r.path)]
+        rest = [i for i in range(len(refs)) if i not in quick]
+        get_quick = _tuple_getter([refs[i].path for i in quick])
+        slow = [refs[i].getter for i in rest]
+
+        def read(r: Any) -> tuple:
+            if type(r) is not kind:
+                raise _Miss
+            values = get_quick(r)
+            return values + tuple([g(r) for g in slow]) if slow else values
+
+        return read, quick + rest
+
+    @staticmethod
+    def _binds(binds: tuple, fields: dict, roots: Mapping[str, Any], held: dict, held_refs: tuple) -> list:
+        """Per root kind: (kind, {attribute: tensor} set in one update, [(setter, value)] for the rest)."""
+        plan = []
+        for kind in ("kwarg", "attn", "context"):
+            flat: dict[str, Any] = {}
+            deep: list = []
+            for name, ref in binds:
+                if ref.kind == kind and name in fields:
+                    (flat.__setitem__(ref.path, fields[name].tensor) if len(ref.parts) == 1
+                     else deep.append((ref.setter, fields[name].tensor)))
+            if kind == "attn":
+                for ref in held_refs:
+                    if len(ref.parts) == 1:
+                        flat[ref.path] = held[ref.path]
+                    else:
+                        deep.append((ref.setter, held[ref.path]))
+            root = roots.get(kind)
+            if flat and kind != "kwarg" and not (isinstance(root, dict) or _plain_attrs(root, list(flat))):
+                deep.extend((Ref(kind, n).setter, v) for n, v in flat.items())
+                flat = {}
+            if flat or deep:
+                plan.append((kind, flat, deep))
+        return plan
+
+    def extents(self) -> tuple:
+        return tuple([st.high_water for st in self.writes])
+
+    def learn(self, writes: list, before: tuple, after: tuple) -> None:
+        """Remember the checked fill's write of this step, when the fast fill can repeat it exactly."""
+        by_state = {id(w[0]): w for w in writes}
+        lists: dict[bool, tuple[list, list, list, list]] = {False: ([], [], [], []), True: ([], [], [], [])}
+        for i, st in enumerate(self.writes):
+            write = by_state.get(id(st))
+            if write is None:
+                return
+            _st, src, extent, (live, boxes) = write
+            if type(src) is not torch.Tensor or src.shape != extent or \
+                    src.device.type != ("cpu" if st.on_host else st.device):
+                return  # a converted, staged or cross-device source: always checked
+            dsts, live_at, pad_dsts, pads = lists[st.on_host]
+            if live is not None:
+                dsts.append(live)
+                live_at.append(i)
+            for box, pad in boxes:
+                pad_dsts.append(box)
+                pads.append(pad)
+        if len(self.programs) >= _MAX_PROGRAMS:
+            self.programs.clear()
+        (dd, dl, dpd, dp), (hd, hl, hpd, hp) = lists[False], lists[True]
+        self.programs[(after, before)] = _Program(dd + dpd, _picker(dl), dp, hd + hpd, _picker(hl), hp)
+
+    def fill(self, state: GraphBuffers, inputs: Mapping[str, Any], attn: Any, context: Any) -> dict[str, Any] | None:
+        try:
+            values = self.read(inputs, attn, context)
+            if self.absent and self.pick_absent(values).count(None) != self.absent:
+                return None  # a source this graph was captured without: the checked fill says so
+            srcs = self.pick_writes(values)
+            if self.empty_when_absent:
+                srcs = list(srcs)
+                for i, empty in self.empty_when_absent:
+                    if srcs[i] is None:
+                        srcs[i] = empty
+            sig = tuple([s.shape for s in srcs])
+        except AttributeError:
+            return None
+        program = self.programs.get((sig, state.last_sig))
+        if program is None:
+            return None
+        try:
+            if program.dev_dsts:
+                _copy_all(program.dev_dsts, [*program.dev_live(srcs), *program.dev_pads], self.device)
+            if program.host_dsts:
+                _copy_host(program.host_dsts, [*program.host_live(srcs), *program.host_pads])
+        except (TypeError, RuntimeError):
+            return None  # not what it learnt after all (a non-tensor with a shape): rewritten checked
+        state.last_sig = sig
+        state.hw_dirty = True
+        state.context_filled = context if self.with_context else None
+        new_inputs = dict(inputs)
+        for kind, flat, deep in self.fill_binds:
+            root = new_inputs if kind == "kwarg" else attn
+            if flat:
+                (root if kind == "kwarg" or isinstance(root, dict) else root.__dict__).update(flat)
+            for setter, value in deep:
+                setter(root, value)
+        return new_inputs
+
+    def bind_context(self, context: Any) -> None:
+        if type(context) is not self.context_type:  # not the type the one-update bind was checked for
+            for setter, value in self.context_binds_by_setter:
+                setter(context, value)
+            return
+        for _kind, flat, deep in self.context_binds:
+            if flat:
+                (context if isinstance(context, dict) else context.__dict__).update(flat)
+            for setter, value in deep:
+                setter(context, value)
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     """A vendor's batch-dependent tensors, for one lmdeploy release.
@@ -363,6 +606,9 @@ class BufferSpec:
     into the graph at capture, so it must be a value right for every replay).
     ``check_meta`` rejects graph configurations the vendor cannot serve, before anything is allocated.
     """
+
+    # False: every step takes the checked fill (benchmarks and tests that swap ``_write`` set it)
+    fast_fill: ClassVar[bool] = True
 
     vendor: str
     fields: tuple[BufferField, ...]
@@ -444,14 +690,32 @@ class BufferSpec:
 
     # -- fill ---------------------------------------------------------------------------------------
 
-    def fill(self, graph_meta: Any, inputs: Mapping[str, Any], attn_metadata: Any) -> dict[str, Any]:
+    def fill(self, graph_meta: Any, inputs: Mapping[str, Any], attn_metadata: Any, context: Any = None
+             ) -> dict[str, Any]:
         """Copy this step's kwarg- and attn-sourced data in, bind ``attn_metadata``; return the kwargs
-        to call the model with (the caller's kwargs, with buffers in place of batch-dependent ones)."""
+        to call the model with (the caller's kwargs, with buffers in place of batch-dependent ones).
+
+        Given the step's ``context`` (the ``StepContext`` that :meth:`bind_context` will receive), its
+        sources are copied in the same device operation, and ``bind_context`` only binds."""
         state = graph_buffers(graph_meta)
-        roots = {"kwarg": inputs, "attn": attn_metadata}
+        fast = state.fast
+        if fast is not None and fast.with_context == (context is not None) and self.fast_fill:
+            new_inputs = fast.fill(state, inputs, attn_metadata, context)
+            if new_inputs is not None:
+                self._set_constants(state, attn_metadata)
+                return new_inputs
+        return self._fill_checked(state, graph_meta, inputs, attn_metadata, context)
+
+    def _fill_checked(self, state: GraphBuffers, graph_meta: Any, inputs: Mapping[str, Any], attn_metadata: Any,
+                      context: Any) -> dict[str, Any]:
+        """:meth:`fill` with every source validated; teaches the fast fill this step's shapes."""
+        self._settle(state)
+        with_context = context is not None and state.sealed
+        roots = {"kwarg": inputs, "attn": attn_metadata, "context": context}
         writes = []
         fields = state.fields
-        for f, kind, get, static in self._step_fields:
+        step_fields = self._step_fields + self._context_fields if with_context else self._step_fields
+        for f, kind, get, static in step_fields:
             src = get(roots[kind])
             st = fields.get(f.name)
             if st is not None and static:
@@ -459,23 +723,49 @@ class BufferSpec:
             write = self._planned_write(f, state, st, src)
             if write is not None:
                 writes.append(write)
+        fast = state.fast
+        if state.sealed and (fast is None or fast.with_context != with_context):
+            fast = state.fast = _FastFill(self, state, with_context, roots)
+        before = fast.extents() if fast is not None else None
         if writes:
             self._write(writes)
+        if fast is not None:
+            state.last_sig = fast.extents()
+            fast.learn(writes, before, state.last_sig)
+        state.context_filled = context if with_context else None
 
         new_inputs = dict(inputs)
         self._bind(state, "fill", self._fill_binds, {"attn": attn_metadata, "kwarg": new_inputs})
-        dims = state.dims
-        for ref, make_value in self._constant_refs:
-            ref.set(attn_metadata, make_value(dims, attn_metadata))
+        self._set_constants(state, attn_metadata)
         for ref in self._held_refs:
             if ref.path not in state.held:
                 state.held[ref.path] = ref.get(attn_metadata)
             ref.set(attn_metadata, state.held[ref.path])
         return new_inputs
 
+    def _set_constants(self, state: GraphBuffers, attn_metadata: Any) -> None:
+        dims = state.dims
+        for ref, make_value in self._constant_refs:
+            ref.set(attn_metadata, make_value(dims, attn_metadata))
+
+    @staticmethod
+    def _settle(state: GraphBuffers) -> None:
+        """Give each field the high water the fast fill left it (the checked path plans from it)."""
+        if state.hw_dirty:
+            for st, extent in zip(state.fast.writes, state.last_sig, strict=True):
+                st.high_water = extent
+            state.hw_dirty = False
+
     def bind_context(self, graph_meta: Any, context: Any) -> None:
-        """Copy context-sourced data in and point the ``StepContext`` at the buffers."""
+        """Copy context-sourced data in (unless this step's fill did) and point the ``StepContext`` at
+        the buffers."""
         state = graph_buffers(graph_meta)
+        if state.context_filled is not None and state.context_filled is context:
+            state.context_filled = None
+            state.fast.bind_context(context)
+            return
+        state.context_filled = None
+        self._settle(state)
         writes = []
         fields = state.fields
         for f, _kind, get, static in self._context_fields:
@@ -493,7 +783,12 @@ class BufferSpec:
                 writes.append(write)
         if writes:
             self._write(writes)
-        self._bind(state, "context", self._context_binds, {"context": context})
+            if state.fast is not None:
+                state.last_sig = state.fast.extents()
+        if state.fast is not None:
+            state.fast.bind_context(context)
+        else:
+            self._bind(state, "context", self._context_binds, {"context": context})
         state.sealed = True
 
     def _planned_write(self, f: BufferField, state: GraphBuffers, st: _FieldState | None, src: Any):
@@ -639,7 +934,7 @@ class BufferSpec:
             # keeps a staged block from reuse until its copy has run); a pageable source copies blocking.
             _copy_all(dev_dst, dev_src, device, non_blocking=staged_pinned and not staged_pageable)
         if host_dst:
-            _copy_all(host_dst, host_src, "cpu")
+            _copy_host(host_dst, host_src)
 
     # -- introspection ------------------------------------------------------------------------------
 

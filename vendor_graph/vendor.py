@@ -104,7 +104,10 @@ def buffer_methods(profile: VendorProfile) -> dict[str, Callable]:
     def fill_buffers_cudagraph(self, graph_meta, input_ids, position_ids, past_key_values, attn_metadata,
                                inputs_embeds=None, **kwargs):
         inputs = _model_inputs(input_ids, position_ids, inputs_embeds, kwargs)
-        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)
+        # The StepContext the runner binds next: its sources go into this fill's one device copy.
+        ctx_mgr = getattr(self, "ctx_mgr", None)
+        context = ctx_mgr.current_context() if ctx_mgr is not None else None
+        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata, context)
         if profile.after_fill is not None:
             profile.after_fill(graph_meta, attn_metadata)
         new_inputs["past_key_values"] = past_key_values

@@ -87,9 +87,9 @@ def test_a_replay_whose_inputs_changed_runs_that_step_eager(cuda_style_backend, 
     fill = type(spec).fill
     calls = []
 
-    def fill_that_refuses_one_padded_replay(self, graph_meta, inputs, attn_metadata):
+    def fill_that_refuses_one_padded_replay(self, graph_meta, inputs, attn_metadata, context=None):
         live = inputs["input_ids"].size(-1)
-        new_inputs = fill(self, graph_meta, inputs, attn_metadata)  # re-binds attn_metadata first
+        new_inputs = fill(self, graph_meta, inputs, attn_metadata, context)  # re-binds attn_metadata first
         replaying = bool(graph_meta.output_buffers)
         if replaying and live < graph_meta.max_batchs and not calls:
             calls.append(live)

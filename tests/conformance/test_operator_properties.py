@@ -27,8 +27,8 @@ def test_the_property_catches_a_padding_row_that_writes_kv(sim_backend, monkeypa
 
     fill = BufferSpec.fill
 
-    def fill_padding_with_slot_zero(self, graph_meta, inputs, attn_metadata):
-        out = fill(self, graph_meta, inputs, attn_metadata)
+    def fill_padding_with_slot_zero(self, graph_meta, inputs, attn_metadata, context=None):
+        out = fill(self, graph_meta, inputs, attn_metadata, context)
         kv_start = graph_meta.input_buffers.get("kv_start_indices")
         if kv_start is not None:
             kv_start.masked_fill_(kv_start < 0, 0)

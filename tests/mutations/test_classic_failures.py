@@ -63,6 +63,22 @@ MUTATIONS = (
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
+        "host wait before NPUGraph.update put back", "ascend/runner.py",
+        "                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order",
+        "                    fence.synchronize()",
+        ("tests/sim/test_fill_ops.py::test_a_replay_step_copies_its_inputs_once_and_never_waits_on_the_host"
+         "[ascend-graph-update]",)),
+    Mutation(
+        "graph update not ordered after the previous replay", "ascend/runner.py",
+        "                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order",
+        "                    pass",
+        ("tests/conformance/test_ascend_runner.py::test_the_next_refresh_waits_for_the_previous_replay[G5]",)),
+    Mutation(
+        "context inputs copied by a second device operation", "vendor.py",
+        "        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata, context)",
+        "        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)",
+        ("tests/unit/test_mixin_fill_context.py",)),
+    Mutation(
         "graph looked up by the live batch instead of its bucket", "ascend/runner.py",
         "padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),",
         "padded_batch=self._wanted(batch),",

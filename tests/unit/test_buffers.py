@@ -179,28 +179,48 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted_step(spec, meta, name, batch, blocks=3, seed=0):
-    """One fill + bind_context with the ops of each call recorded (the inputs are made outside)."""
+def counted_step(spec, meta, name, batch, blocks=3, seed=0, context_to_fill=True):
+    """One fill + bind_context with the ops of each call recorded (the inputs are made outside); the
+    fill is given the step's context as vendor_graph's CudaGraphMixin methods give it."""
     inputs, attn, ctx = decode_step(name, batch, blocks, seed)
     with OpCounter() as fill:
-        spec.fill(meta, inputs, attn)
+        spec.fill(meta, inputs, attn, ctx if context_to_fill else None)
     with OpCounter() as bind:
         spec.bind_context(meta, ctx)
     return fill.ops, bind.ops
 
 
+STEPS = ((7, 4, 5), (3, 4, 6), (2, 1, 7), (8, 6, 8), (1, 2, 9), (3, 4, 6), (2, 1, 7), (3, 4, 6))
+
+
 @pytest.mark.parametrize("name", SPECS)
-def test_fill_and_bind_write_everything_with_one_foreach_copy_each(name):
-    """Live copies and padding resets of a call go out as one ``_foreach_copy_``: never a ``copy_`` or
-    ``fill_`` per field (everything is on the CPU here, so host and device buffers share it)."""
+def test_fill_and_bind_write_everything_with_one_foreach_copy(name):
+    """Live copies and padding resets of a step, context-sourced ones included, go out as one
+    ``_foreach_copy_`` from the fill, and the bind only binds: never a ``copy_`` or ``fill_`` per field
+    (everything is on the CPU here, so host and device buffers share it). Steps repeat, so both the
+    checked fill and the fast one that repeats what it learnt are counted."""
+    spec = SPECS[name]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=7, blocks=4)
+    for batch, blocks, seed in STEPS:
+        fill, bind = counted_step(spec, meta, name, batch, blocks, seed)
+        assert fill == ["_foreach_copy_"], (batch, fill)
+        assert bind == [], (batch, bind)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_without_the_context_the_bind_writes_the_context_sources_itself(name):
     spec = SPECS[name]
     meta, *_ = capture(spec, name, graph_batch=8, batch=7, blocks=4)
     context_made = any(f.source is not None and f.source.kind == "context" and not f.is_static
                        and f.name in meta.input_buffers for f in spec.fields)
-    for batch, blocks, seed in ((7, 4, 5), (3, 4, 6), (2, 1, 7), (8, 6, 8), (1, 2, 9)):
-        fill, bind = counted_step(spec, meta, name, batch, blocks, seed)
+    for batch, blocks, seed in STEPS:
+        inputs, attn, ctx = decode_step(name, batch, blocks, seed)
+        fill, bind = counted_step(spec, meta, name, batch, blocks, seed, context_to_fill=False)
         assert fill == ["_foreach_copy_"], (batch, fill)
-        assert bind == (["_foreach_copy_"] if context_made else []), (batch, bind)
+        assert len(bind) == (1 if context_made else 0), (batch, bind)
+        assert torch.equal(ctx.kv_seqlens, meta.input_buffers[
+            "kv_seqlens_device" if "kv_seqlens_device" in meta.input_buffers else "kv_seqlens"][:batch]) \
+            or not context_made
 
 
 def test_padding_resets_ride_in_the_same_foreach_as_the_live_copies():
@@ -425,3 +445,76 @@ def test_a_torch_without_foreach_copy_falls_back_to_per_buffer_copies(monkeypatc
     for key, tensor in snapshot(fresh).items():
         assert torch.equal(meta.input_buffers[key], tensor), key
     assert "fall back to one copy per buffer" in caplog.text
+
+
+def _step_with_context(spec, meta, name, batch, blocks, seed):
+    inputs, attn, ctx = decode_step(name, batch, blocks, seed)
+    new_inputs = spec.fill(meta, inputs, attn, ctx)
+    spec.bind_context(meta, ctx)
+    return new_inputs, attn, ctx
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(name=st.sampled_from(sorted(SPECS)), with_context=st.booleans(), data=st.data())
+def test_a_steady_state_fill_equals_a_fresh_fill(name, with_context, data):
+    """Property: with few distinct shapes (so the fast fill repeats writes it learnt), every step's
+    buffers and bindings are exactly those of a fresh graph filled with that step."""
+    spec = SPECS[name]
+    history = data.draw(st.lists(st.tuples(st.sampled_from([1, 3, 8]), st.sampled_from([1, 2])),
+                                 min_size=2, max_size=14))
+    meta, *_ = capture(spec, name, 8, *history[0], seed=0)
+    run = _step_with_context if with_context else step
+    for i, (batch, blocks) in enumerate(history[1:], start=1):
+        new_inputs, attn, ctx = run(spec, meta, name, batch, blocks, seed=i)
+        fresh, fresh_inputs, fresh_attn, fresh_ctx = capture(spec, name, 8, batch, blocks, seed=i)
+        for key, tensor in snapshot(fresh).items():
+            assert torch.equal(meta.input_buffers[key], tensor), f"{name} {history[:i + 1]}: {key}"
+        for key, value in vars(fresh_attn).items():
+            mine = getattr(attn, key)
+            assert (mine is meta.input_buffers.get(_buffer_name(fresh, value), mine) if torch.is_tensor(value)
+                    else mine == value), (key, history[:i + 1])
+        assert set(new_inputs) == set(fresh_inputs)
+
+
+def _buffer_name(meta, tensor):
+    return next((k for k, v in meta.input_buffers.items() if v is tensor), None)
+
+
+def test_the_steady_state_skips_the_checked_fill(monkeypatch):
+    """Repeated shapes are served by the fast fill: the checked fill runs only while it learns."""
+    name, spec = "ascend-0.17", SPECS["ascend-0.17"]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=5)
+    checked = []
+    original = BufferSpec._fill_checked
+    monkeypatch.setattr(BufferSpec, "_fill_checked",
+                        lambda self, *a: checked.append(1) or original(self, *a))
+    schedule = [(5, 3), (3, 3), (5, 3), (3, 3), (5, 3), (3, 3), (5, 3)]
+    for i, (batch, blocks) in enumerate(schedule):
+        _step_with_context(spec, meta, name, batch, blocks, seed=i)
+    assert len(checked) <= 3, checked  # (5 after 5), (3 after 5), (5 after 3): then all learnt
+
+
+@pytest.mark.parametrize("with_context", [False, True])
+def test_inputs_that_appear_or_vanish_in_the_steady_state_are_refused(with_context):
+    name, spec = "ascend-0.17", SPECS["ascend-0.17"]
+    meta, *_ = capture(spec, name, graph_batch=8, batch=5)
+    for i in range(4):  # learnt
+        inputs, attn, ctx = decode_step(name, 5, 3, seed=i)
+        spec.fill(meta, inputs, attn, ctx if with_context else None)
+        spec.bind_context(meta, ctx)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    inputs["inputs_embeds"] = torch.zeros(1, 5, 4)
+    with pytest.raises(GraphInputsChanged, match="captured without kwarg.inputs_embeds"):
+        spec.fill(meta, inputs, attn, ctx if with_context else None)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    attn.kv_start_indices = None
+    with pytest.raises(GraphInputsChanged, match="captured with attn_metadata.kv_start_indices"):
+        spec.fill(meta, inputs, attn, ctx if with_context else None)
+    inputs, attn, ctx = decode_step(name, 5, 3)
+    ctx.moe_metadata = SimpleNamespace(x_active_mask=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(GraphInputsChanged, match="captured without context.moe_metadata.x_active_mask"):
+        spec.fill(meta, inputs, attn, ctx if with_context else None)
+        spec.bind_context(meta, ctx)
+    inputs, attn, ctx = decode_step(name, 9, 3)
+    with pytest.raises(GraphInputsChanged, match="looked up by padded batch"):
+        spec.fill(meta, inputs, attn, ctx if with_context else None)

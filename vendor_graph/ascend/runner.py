@@ -51,6 +51,8 @@ class AscendSingleGraph:
     output_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     tasks: list[hook.AttentionTask] = field(default_factory=list)
     capture_seconds: float = 0.0
+    # The stream NPUGraph.update() re-issues this graph's tasks on (torch_npu's own), when reachable.
+    update_stream: Any = None
 
     @property
     def paths(self) -> set[str]:
@@ -93,7 +95,7 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         self._caps: Capabilities | None = None
         self._pool: Any = None
         self._update_stream: Any = None
-        self._fence: Any = None  # event recorded on the replay stream after the latest replay
+        self._fence: Any = None  # event recorded on the replay stream after each replay (re-recorded)
         self.policy = StepPolicy(self)
 
     # -- lmdeploy GraphRunner API -----------------------------------------------------------------
@@ -293,6 +295,12 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         graph.graph = npu_graph
         graph.tasks = list(scope.tasks)
         graph.output_buffers = self.model.make_output_buffers(output)
+        if any(t.path == GRAPH_UPDATE for t in graph.tasks):
+            graph.update_stream = graph_update_stream(npu_graph)
+            if graph.update_stream is None:
+                logger.warning("%s: %s: torch_npu's update stream is not reachable on this graph; each step "
+                               "waits on the host for the previous replay before NPUGraph.update", self.label,
+                               graph.key)
 
     @staticmethod
     def _check_reach(npu_graph: Any, tasks: list[hook.AttentionTask]) -> str | None:
@@ -316,26 +324,31 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         lens = graph.meta.input_buffers[HOST_KV_SEQLENS].tolist()  # host buffer: no device sync
         self._refresh_seqlens(graph, lens)
         graph.graph.replay()
-        # The fence: the next step's refresh must not rewrite these tasks while this replay runs.
-        self._fence = npu.Event()
+        # The fence: the next step's refresh must not rewrite these tasks while this replay runs. One
+        # event, re-recorded: a stream wait targets the latest record issued before it.
+        if self._fence is None:
+            self._fence = npu.Event()
         self._fence.record(npu.current_stream())
         return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)
 
     def _refresh_seqlens(self, graph: AscendSingleGraph, lens: list[int]) -> None:
         npu = self._npu
+        fence = self._fence
         by_update = [t for t in graph.tasks if t.path == GRAPH_UPDATE]
         by_task = [t for t in graph.tasks if t.path == TASK_UPDATE]
         if by_update:
-            # torch_npu updates on its own stream, which we cannot order on the device: wait on the host.
-            if self._fence is not None:
-                self._fence.synchronize()
+            if fence is not None:
+                if graph.update_stream is not None:
+                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order
+                else:
+                    fence.synchronize()
             graph.graph.update(cpu_update_input=[{t.spec.key: t.host_value(lens)} for t in by_update])
         if by_task:
             if self._update_stream is None:
                 self._update_stream = npu.Stream()
             stream = self._update_stream
-            if self._fence is not None:
-                stream.wait_event(self._fence)  # device-side: no host stall
+            if fence is not None:
+                stream.wait_event(fence)  # device-side: no host stall
             with npu.stream(stream):  # the re-issued op must be issued on the update stream
                 for task in by_task:
                     npu.graph_task_update_begin(stream, task.handle)
@@ -347,6 +360,17 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
 
     def graphs(self) -> dict[GraphKey, AscendSingleGraph]:
         return dict(self._graphs)
+
+
+def graph_update_stream(npu_graph: Any) -> Any:
+    """The stream ``npu_graph.update()`` issues its task updates on, or None when it cannot be reached.
+
+    torch_npu keeps it on the graph's dispatch mode: one per graph in G2a-G2c (made in the mode's
+    ``__init__``), one per class from G3a on (made in its ``__new__``); either way it exists once the
+    ``NPUGraph`` does. Ordering that stream after the previous replay keeps the host out of the step.
+    """
+    stream = getattr(getattr(npu_graph, "graph_dispatch_mode", None), "update_stream", None)
+    return stream if callable(getattr(stream, "wait_event", None)) else None
 
 
 def build_graph_runner(original, model, model_config, cache_config, backend_config, device, *args, **kwargs):

@@ -500,8 +500,10 @@ class _Generation:
             def __init__(self) -> None:
                 super().__init__()
                 self.graph_dispatch_records: list[Any] = []
-                if per_instance:
+                if per_instance:  # G2: the mode's __init__ makes one per graph
                     self.update_stream = npu.Stream()
+                elif type(self).update_stream is None:  # G3a on: __new__ makes the class's one
+                    type(self).update_stream = npu.Stream()
 
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 kwargs = kwargs or {}
@@ -650,9 +652,6 @@ def _append_record(mode: Any, npu: types.ModuleType, event: Any, handle: Any, ar
     mode.graph_dispatch_records.append(record)
 
 
-_update_streams: dict[int, Any] = {}
-
-
 def _update_records(mode: Any, npu: types.ModuleType, facts: dict[str, Any], update_info: dict[str, Any],
                     cpu_update_input: Any) -> None:
     records = mode.graph_dispatch_records
@@ -663,8 +662,6 @@ def _update_records(mode: Any, npu: types.ModuleType, facts: dict[str, Any], upd
         raise RuntimeError(f"The length of cpu_update_input ({len(inputs)}) does not match the number of captured "
                            f"records ({len(records)})")
     stream = mode.update_stream
-    if stream is None:
-        stream = type(mode).update_stream = npu.Stream()
     guarded = bool(facts.get("positional_key_guarded"))
     rt.counters.by_op["NPUGraph.update"] += 1
     with rt.stream_context(stream):

@@ -3,7 +3,8 @@
 :func:`replay_step_ops` drives the tiny decoder through a vendor's real runner (the conformance kit's
 :func:`vendor_graph_sim.harness.run`) and records, for every call of the runner, the device work
 issued inside it, split into the buffer fill (``BufferSpec.fill``), the context bind
-(``BufferSpec.bind_context``), the Ascend seq-len update, the replay and anything else. Used by
+(``BufferSpec.bind_context``), the Ascend seq-len update, the replay and anything else, and the host
+waits on device work it made (``host_syncs``, device-to-host copies among them). Used by
 ``benchmarks/ops_per_step.py`` and by the test that holds fill + bind to two device ops per step.
 """
 
@@ -33,6 +34,9 @@ class StepOps:
     replay: int
     other: int
     by_op: dict[str, int]
+    # host waits on device work inside the call: synchronize / event synchronize / blocking host reads
+    host_syncs: int = 0
+    d2h: int = 0  # device-to-host copies among them
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,7 +67,8 @@ def _count_calls(runner: Any, log: list[StepOps], phases: dict[str, int]) -> Non
         fill, bind = phases["fill"], phases["bind"]
         log.append(StepOps(step=len(log), batch=batch, kind=kind, total=c.device_ops, fill=fill, bind=bind,
                            update=update, update_calls=update_calls, replay=replay,
-                           other=c.device_ops - fill - bind - update - replay, by_op=by_op))
+                           other=c.device_ops - fill - bind - update - replay, by_op=by_op,
+                           host_syncs=c.syncs, d2h=c.d2h))
         return out
 
     runner.__class__ = type(f"OpCounting{cls.__name__}", (cls,), {"__call__": __call__, "_vg_counting": True})
