@@ -63,7 +63,14 @@ class AdoptedRunner(GraphBackend):
         return super().__call__(**kwargs)  # lmdeploy captures a key it has no graph for
 
     def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
-        return super().__call__(**kwargs)
+        """The key's graph, replayed through lmdeploy's ``CUDASingleGraphRunner.forward`` (its fill, bind,
+        replay and output slicing). lmdeploy's ``__call__`` would only redo what this step already did
+        (input preparation, the graph-mode check, the key, the lookup) before calling the same ``forward``;
+        with DeepEP on it also sets the process's dispatch mode first, so then it goes through it."""
+        graph = compat.cuda_runner_graphs(self).get(key.as_lmdeploy_tuple())
+        if graph is None or compat.deepep_enabled():
+            return super().__call__(**kwargs)
+        return graph.forward(**kwargs)
 
     def release(self, key: GraphKey | None) -> None:
         graphs = compat.cuda_runner_graphs(self)

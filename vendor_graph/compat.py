@@ -12,6 +12,7 @@ import functools
 import importlib
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -160,3 +161,19 @@ def cuda_runner_graphs(runner) -> dict:
     if hasattr(runner, "_full_graph_runners"):
         return runner._full_graph_runners
     return runner._runner_map
+
+
+def deepep_enabled() -> bool:
+    """Whether lmdeploy's DeepEP state is on (its CUDA runner then sets the dispatch mode every step)."""
+    global _deepep_state
+    if _deepep_state is None:
+        try:
+            from lmdeploy.pytorch.backends.deepep_state import get_deepep_state
+        except ImportError:
+            get_deepep_state = None
+        _deepep_state = get_deepep_state or (lambda: None)
+    state = _deepep_state()
+    return state is not None and bool(state.enabled())
+
+
+_deepep_state: Any = None

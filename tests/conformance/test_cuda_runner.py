@@ -168,3 +168,31 @@ def test_the_shadow_check_catches_a_wrong_graph(cuda_style_backend, monkeypatch,
         assert any("shadow check: graph differed from eager" in r for r in runner.eager_reasons().values())
     else:
         assert pair.mismatches and not runner.eager_reasons()
+
+
+def test_a_replay_step_asks_lmdeploy_for_its_key_once(cuda_style_backend, monkeypatch):
+    """The adopted runner's replay goes straight to the key's CUDASingleGraphRunner.forward: lmdeploy's
+    ``__call__`` would compute the graph-mode check and the key a second time for the same step."""
+    calls = {"get_graph_key": 0, "enable_graph": 0, "steps": 0}
+
+    def patch_runner(runner):
+        key, enable = runner.get_graph_key, runner.enable_graph
+
+        def counted_key(**kwargs):
+            calls["get_graph_key"] += 1
+            return key(**kwargs)
+
+        def counted_enable(**kwargs):
+            calls["enable_graph"] += 1
+            return enable(**kwargs)
+
+        runner.get_graph_key, runner.enable_graph = counted_key, counted_enable
+
+    _wrap_builder(monkeypatch, patch_runner)
+    pair = harness.run("camb", 1, steps=16, num_seqs=6, backend=cuda_style_backend)
+    assert not pair.mismatches, pair.mismatches[:3]
+    replays = pair.runner.stats.replays
+    captures = sum(b.captures for b in pair.runner.stats.buckets.values())
+    assert replays >= 8
+    assert calls["get_graph_key"] == replays + 2 * captures  # a capture goes through lmdeploy's __call__
+    assert calls["enable_graph"] == replays + 2 * captures
