@@ -373,20 +373,6 @@ def _dims(graph_meta: Any) -> GraphDims:
     )
 
 
-class _Miss(AttributeError):
-    """A step the fast fill does not know: the checked fill takes it."""
-
-
-def _tuple_getter(paths: list[str]) -> Callable[[Any], tuple]:
-    """``attrgetter`` that always returns a tuple (dotted paths allowed)."""
-    if not paths:
-        return lambda root: ()
-    if len(paths) == 1:
-        one = operator.attrgetter(paths[0])
-        return lambda root: (one(root),)
-    return operator.attrgetter(*paths)
-
-
 def _picker(indices: list[int]) -> Callable[[tuple], tuple]:
     """``itemgetter`` that always returns a tuple."""
     if not indices:
@@ -416,6 +402,53 @@ def _plain_attrs(obj: Any, names: list[str]) -> bool:
     return not any(hasattr(getattr(cls, n, None), "__set__") for n in names)
 
 
+def _compile_sources(vendor: str, present: list[BufferField], absent: list[BufferField], fields: dict,
+                     roots: Mapping[str, Any]) -> Callable[[Any, Any, Any], tuple | None]:
+    """One function reading a step's sources the way the roots seen at build time hold them:
+    ``(sources of the write fields, their shapes)``, or None for another root type or a source this graph was
+    captured without. Generated, so a step costs plain attribute reads (the fast fill's largest share
+    otherwise); paths that did not resolve at build time keep their ``Ref.getter``."""
+    names = {"kwarg": "inputs", "attn": "attn", "context": "context"}
+    namespace: dict[str, Any] = {}
+    lines = ["def sources(inputs, attn, context):"]
+    checks = []
+    for kind, var in names.items():
+        if any(f.source.kind == kind for f in present + absent):
+            namespace[f"T_{var}"] = type(roots.get(kind))
+            checks.append(f"type({var}) is not T_{var}")
+    if checks:
+        lines.append(f"    if {' or '.join(checks)}:")
+        lines.append("        return None")
+
+    def read(f: BufferField, slot: str) -> str:
+        ref, root = f.source, roots.get(f.source.kind)
+        var = names[ref.kind]
+        plain = all(part.isidentifier() for part in ref.parts)
+        if isinstance(root, Mapping) and len(ref.parts) == 1 and plain:
+            return f"{var}.get({ref.path!r})"
+        if not isinstance(root, Mapping) and plain and _resolves(root, ref.path):
+            return f"{var}.{ref.path}"
+        namespace[f"G_{slot}"] = ref.getter
+        return f"G_{slot}({var})"
+
+    for i, f in enumerate(absent):
+        lines.append(f"    if {read(f, f'a{i}')} is not None:")
+        lines.append("        return None")
+    for i, f in enumerate(present):
+        lines.append(f"    w{i} = {read(f, f'w{i}')}")
+        if f.absent_is_padding:
+            tensor = fields[f.name].tensor
+            namespace[f"E_w{i}"] = tensor.new_empty([0] * tensor.dim())
+            lines.append(f"    if w{i} is None:")
+            lines.append(f"        w{i} = E_w{i}")
+    items = [f"w{i}" for i in range(len(present))]
+    lines.append(f"    return ({''.join(v + ', ' for v in items)}), ({''.join(v + '.shape, ' for v in items)})")
+    source = "\n".join(lines)
+    exec(compile(source, f"<vendor_graph {vendor} fast fill sources>", "exec"), namespace)  # noqa: S102
+    namespace["sources"].source = source
+    return namespace["sources"]
+
+
 @dataclass
 class _Program:
     """One learnt step of the fast fill: its write lists, the sources' slots among them."""
@@ -441,62 +474,24 @@ class _FastFill:
         self.with_context = with_context
         entries = spec._step_fields + (spec._context_fields if with_context else ())
         fields = state.fields
-        readers = []
-        slots: dict[str, int] = {}
-        count = 0
-        for kind in ("kwarg", "attn", "context"):
-            mine = [f for f, k, _g, static in entries if k == kind and not (static and f.name in fields)]
-            reader, order = self._reader(roots.get(kind), [f.source for f in mine])
-            readers.append(reader)
-            for i in order:
-                slots[mine[i].name] = count
-                count += 1
-        kw, at, cx = readers
-        self.read = lambda inputs, attn, context: kw(inputs) + at(attn) + cx(context)
         present = [f for f, *_ in entries if f.name in fields and f.static is None]
         present.sort(key=lambda f: fields[f.name].on_host)  # device writes first
         self.writes = [fields[f.name] for f in present]
-        self.pick_writes = _picker([slots[f.name] for f in present])
-        absent = [slots[f.name] for f, *_ in entries if f.name not in fields]
-        self.pick_absent = _picker(absent)
-        self.absent = len(absent)
-        self.empty_when_absent = [(i, self.writes[i].tensor.new_empty([0] * self.writes[i].tensor.dim()))
-                                  for i, f in enumerate(present) if f.absent_is_padding]
+        absent = [f for f, *_ in entries if f.name not in fields]
+        self.sources = _compile_sources(spec.vendor, present, absent, fields, roots)
         self.device = next((st.device for st in self.writes if not st.on_host), "cpu")
         self.programs: dict[tuple, _Program] = {}
-        self.fill_binds = self._binds(spec._fill_binds, fields, roots, state.held, spec._held_refs)
+        fill_binds = {kind: (flat, deep) for kind, flat, deep in
+                      self._binds(spec._fill_binds, fields, roots, state.held, spec._held_refs)}
+        self.kwarg_binds, self.kwarg_setters = fill_binds.get("kwarg", ({}, []))
+        self.attn_binds, self.attn_setters = fill_binds.get("attn", ({}, []))
+        # no foreach kernel on this device (found by the checked fills before): a copy per pair
+        self.copy_device = (functools.partial(_copy_all, device=self.device) if self.device in _NO_FOREACH
+                            else torch._foreach_copy_)
         self.context_binds = self._binds(spec._context_binds, fields, roots, {}, ())
         self.context_type = type(roots.get("context"))
         self.context_binds_by_setter = [(s, v) for _k, flat, deep in self.context_binds
                                         for s, v in [*((Ref("context", n).setter, t) for n, t in flat.items()), *deep]]
-
-    @staticmethod
-    def _reader(root: Any, refs: list[Ref]) -> tuple[Callable[[Any], tuple], list[int]]:
-        """A reader of ``refs`` from roots like ``root``, and the order its tuple lists them in."""
-        if not refs:
-            return (lambda r: ()), []
-        kind = type(root)
-        if isinstance(root, Mapping) and all(len(r.parts) == 1 for r in refs):
-            names = [r.path for r in refs]
-
-            def read_mapping(r: Any) -> tuple:
-                if type(r) is not kind:
-                    raise _Miss
-                return tuple(map(r.get, names))
-
-            return read_mapping, list(range(len(refs)))
-        quick = [i for i, r in enumerate(refs) if not isinstance(root, Mapping) and _resolves(root, r.path)]
-        rest = [i for i in range(len(refs)) if i not in quick]
-        get_quick = _tuple_getter([refs[i].path for i in quick])
-        slow = [refs[i].getter for i in rest]
-
-        def read(r: Any) -> tuple:
-            if type(r) is not kind:
-                raise _Miss
-            values = get_quick(r)
-            return values + tuple([g(r) for g in slow]) if slow else values
-
-        return read, quick + rest
 
     @staticmethod
     def _binds(binds: tuple, fields: dict, roots: Mapping[str, Any], held: dict, held_refs: tuple) -> list:
@@ -552,24 +547,18 @@ class _FastFill:
 
     def fill(self, state: GraphBuffers, inputs: Mapping[str, Any], attn: Any, context: Any) -> dict[str, Any] | None:
         try:
-            values = self.read(inputs, attn, context)
-            if self.absent and self.pick_absent(values).count(None) != self.absent:
-                return None  # a source this graph was captured without: the checked fill says so
-            srcs = self.pick_writes(values)
-            if self.empty_when_absent:
-                srcs = list(srcs)
-                for i, empty in self.empty_when_absent:
-                    if srcs[i] is None:
-                        srcs[i] = empty
-            sig = tuple([s.shape for s in srcs])
-        except AttributeError:
+            found = self.sources(inputs, attn, context)
+        except AttributeError:  # a source that is not a tensor, a path that no longer resolves
             return None
+        if found is None:  # another metadata type, or a source this graph was captured without
+            return None
+        srcs, sig = found
         program = self.programs.get((sig, state.last_sig))
         if program is None:
             return None
         try:
             if program.dev_dsts:
-                _copy_all(program.dev_dsts, [*program.dev_live(srcs), *program.dev_pads], self.device)
+                self.copy_device(program.dev_dsts, [*program.dev_live(srcs), *program.dev_pads])
             if program.host_dsts:
                 _copy_host(program.host_dsts, [*program.host_live(srcs), *program.host_pads])
         except (TypeError, RuntimeError):
@@ -578,12 +567,13 @@ class _FastFill:
         state.hw_dirty = True
         state.context_filled = context if self.with_context else None
         new_inputs = dict(inputs)
-        for kind, flat, deep in self.fill_binds:
-            root = new_inputs if kind == "kwarg" else attn
-            if flat:
-                (root if kind == "kwarg" or isinstance(root, dict) else root.__dict__).update(flat)
-            for setter, value in deep:
-                setter(root, value)
+        new_inputs.update(self.kwarg_binds)
+        for setter, value in self.kwarg_setters:
+            setter(new_inputs, value)
+        if self.attn_binds:
+            (attn if type(attn) is dict else attn.__dict__).update(self.attn_binds)
+        for setter, value in self.attn_setters:
+            setter(attn, value)
         return new_inputs
 
     def bind_context(self, context: Any) -> None:
@@ -745,8 +735,8 @@ class BufferSpec:
 
     def _set_constants(self, state: GraphBuffers, attn_metadata: Any) -> None:
         dims = state.dims
-        for ref, make_value in self._constant_refs:
-            ref.set(attn_metadata, make_value(dims, attn_metadata))
+        for setter, make_value in self._constant_setters:
+            setter(attn_metadata, make_value(dims, attn_metadata))
 
     @staticmethod
     def _settle(state: GraphBuffers) -> None:
@@ -828,6 +818,10 @@ class BufferSpec:
     @functools.cached_property
     def _constant_refs(self) -> tuple[tuple[Ref, Callable[[GraphDims, Any], Any]], ...]:
         return tuple((Ref.attn(name), make_value) for name, make_value in self.constants.items())
+
+    @functools.cached_property
+    def _constant_setters(self) -> tuple[tuple[Callable[[Any, Any], None], Callable[[GraphDims, Any], Any]], ...]:
+        return tuple((ref.setter, make_value) for ref, make_value in self._constant_refs)
 
     @functools.cached_property
     def _held_refs(self) -> tuple[Ref, ...]:
