@@ -451,14 +451,37 @@ def _compile_sources(vendor: str, present: list[BufferField], absent: list[Buffe
 
 @dataclass
 class _Program:
-    """One learnt step of the fast fill: its write lists, the sources' slots among them."""
+    """One learnt step of the fast fill: per copy call, its destinations, which of the write fields'
+    sources go first (a picker), then the pad sources of the padding resets."""
 
-    dev_dsts: list[torch.Tensor]
-    dev_live: Callable[[tuple], tuple]  # the sources with a live view, from the write fields' sources
-    dev_pads: list[torch.Tensor]
+    dev_calls: list[tuple[list[torch.Tensor], Callable[[tuple], tuple], list[torch.Tensor]]]
     host_dsts: list[torch.Tensor]
     host_live: Callable[[tuple], tuple]
     host_pads: list[torch.Tensor]
+
+
+def _fusable(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether torch's CUDA ``_foreach_copy_`` can take this pair on its one-kernel route (dense pairs of
+    equal shape and strides; the route also needs one source dtype and one destination dtype per call)."""
+    return dst.is_contiguous() and src.is_contiguous() and dst.shape == src.shape
+
+
+def _device_calls(pairs: list[tuple[torch.Tensor, torch.Tensor, int | None]], by_dtype: bool) -> list:
+    """The device copy calls of a program from its (destination, source seen now, source slot or None for
+    a padding reset) triples: one foreach over all, or (CUDA, ``by_dtype``) one per (destination dtype,
+    source dtype) group of fusable pairs plus one for the rest, pad values made dense so they fuse too."""
+    groups: dict[Any, list] = {}
+    for dst, src, slot in pairs:
+        if slot is None and by_dtype and dst.is_contiguous() and not src.is_contiguous():
+            src = src.contiguous()  # an expanded pad value: dense, made once for this program
+        key = "all" if not by_dtype else (dst.dtype, src.dtype) if _fusable(dst, src) else "rest"
+        groups.setdefault(key, []).append((dst, src, slot))
+    calls = []
+    for members in groups.values():
+        live = [m for m in members if m[2] is not None]
+        pads = [m for m in members if m[2] is None]
+        calls.append(([m[0] for m in live + pads], _picker([m[2] for m in live]), [m[1] for m in pads]))
+    return calls
 
 
 _MAX_PROGRAMS = 256
@@ -524,7 +547,8 @@ class _FastFill:
     def learn(self, writes: list, before: tuple, after: tuple) -> None:
         """Remember the checked fill's write of this step, when the fast fill can repeat it exactly."""
         by_state = {id(w[0]): w for w in writes}
-        lists: dict[bool, tuple[list, list, list, list]] = {False: ([], [], [], []), True: ([], [], [], [])}
+        device_pairs: list[tuple[torch.Tensor, torch.Tensor, int | None]] = []
+        host_dsts, host_live, host_pad_dsts, host_pads = [], [], [], []
         for i, st in enumerate(self.writes):
             write = by_state.get(id(st))
             if write is None:
@@ -533,17 +557,20 @@ class _FastFill:
             if type(src) is not torch.Tensor or src.shape != extent or \
                     src.device.type != ("cpu" if st.on_host else st.device):
                 return  # a converted, staged or cross-device source: always checked
-            dsts, live_at, pad_dsts, pads = lists[st.on_host]
+            if st.on_host:
+                if live is not None:
+                    host_dsts.append(live)
+                    host_live.append(i)
+                host_pad_dsts.extend(box for box, _ in boxes)
+                host_pads.extend(pad for _, pad in boxes)
+                continue
             if live is not None:
-                dsts.append(live)
-                live_at.append(i)
-            for box, pad in boxes:
-                pad_dsts.append(box)
-                pads.append(pad)
+                device_pairs.append((live, src, i))
+            device_pairs.extend((box, pad, None) for box, pad in boxes)
+        calls = _device_calls(device_pairs, by_dtype=self.device == "cuda" and self.copy_device is torch._foreach_copy_)
         if len(self.programs) >= _MAX_PROGRAMS:
             self.programs.clear()
-        (dd, dl, dpd, dp), (hd, hl, hpd, hp) = lists[False], lists[True]
-        self.programs[(after, before)] = _Program(dd + dpd, _picker(dl), dp, hd + hpd, _picker(hl), hp)
+        self.programs[(after, before)] = _Program(calls, host_dsts + host_pad_dsts, _picker(host_live), host_pads)
 
     def fill(self, state: GraphBuffers, inputs: Mapping[str, Any], attn: Any, context: Any) -> dict[str, Any] | None:
         try:
@@ -557,8 +584,8 @@ class _FastFill:
         if program is None:
             return None
         try:
-            if program.dev_dsts:
-                self.copy_device(program.dev_dsts, [*program.dev_live(srcs), *program.dev_pads])
+            for dsts, live, pads in program.dev_calls:
+                self.copy_device(dsts, [*live(srcs), *pads])
             if program.host_dsts:
                 _copy_host(program.host_dsts, [*program.host_live(srcs), *program.host_pads])
         except (TypeError, RuntimeError):

@@ -518,3 +518,27 @@ def test_inputs_that_appear_or_vanish_in_the_steady_state_are_refused(with_conte
     inputs, attn, ctx = decode_step(name, 9, 3)
     with pytest.raises(GraphInputsChanged, match="looked up by padded batch"):
         spec.fill(meta, inputs, attn, ctx if with_context else None)
+
+
+def test_on_cuda_the_fast_fill_copies_in_one_call_per_dtype_group():
+    """torch's CUDA ``_foreach_copy_`` makes one kernel of a call only when every pair is dense with equal
+    strides and the call has one source and one destination dtype: the program groups its pairs so, and
+    makes expanded pad values dense; a 2-D slice of a wider block table goes in a call of its own."""
+    from vendor_graph.buffers import _device_calls
+
+    ids, table, slots = torch.zeros(1, 8, dtype=torch.int64), torch.zeros(8, 6, dtype=torch.int32), \
+        torch.zeros(8, dtype=torch.int32)
+    lens = torch.zeros(8, dtype=torch.int32)
+    pad = torch.full((1,), -1, dtype=torch.int32)
+    triples = [(ids[:, :5], torch.ones(1, 5, dtype=torch.int64), 0),
+               (table[:5, :3], torch.ones(5, 3, dtype=torch.int32), 1),
+               (slots[:5], torch.ones(5, dtype=torch.int32), 2),
+               (lens[:5], torch.ones(5, dtype=torch.int64), 3),
+               (slots[5:7], pad.expand(2), None)]
+    calls = _device_calls(triples, by_dtype=True)
+    groups = [([tuple(d.shape) for d in dsts], live(("a", "b", "c", "d")), [p.is_contiguous() for p in pads])
+              for dsts, live, pads in calls]
+    assert groups == [([(1, 5)], ("a",), []), ([(5, 3)], ("b",), []), ([(5,), (2,)], ("c",), [True]),
+                      ([(5,)], ("d",), [])]  # int64 lengths into an int32 buffer: a dtype pair of its own
+    (everything,) = _device_calls(triples, by_dtype=False)
+    assert len(everything[0]) == 5 and everything[1](("a", "b", "c", "d")) == ("a", "b", "c", "d")
