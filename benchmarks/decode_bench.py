@@ -7,7 +7,9 @@ Tasks (each prints one JSON object to stdout, or writes it with ``--out``):
   step (fill + bind + replay), at several batch sizes, for the pinned tiny model and a ~1B
   random-weight bf16 model of the same architecture;
 * ``replay``: at batch 1 on the large model, the runner's whole replay step vs a bare
-  ``CUDAGraph.replay()`` of the same captured graph, interleaved;
+  ``CUDAGraph.replay()`` of the same captured graph (and lmdeploy's plain runner with the same buffer
+  methods), in alternating rounds, with per-round medians, paired
+  differences and their intervals, and the host-time phase split of the step (goal: step - bare <= 50 µs);
 * ``capture``: capture time and graph memory of every Ascend bucket (three-tier rule) at
   ``max_batches`` 256 on the large model, captured largest first into one pool as the Ascend runner
   does.
@@ -26,12 +28,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
-from vendor_graph_sim import harness
-from vendor_graph_sim import tiny_model as tm
 
-from vendor_graph import compat, patching
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _phases, _stats beside this file
+from vendor_graph_sim import harness  # noqa: E402
+from vendor_graph_sim import tiny_model as tm  # noqa: E402
+
+from vendor_graph import compat, patching  # noqa: E402
 
 VENDOR = "camb"
 # ~0.9B parameters: 16 layers of hidden 2048 (16 heads, 8 KV heads of 128), SwiGLU 5632, vocab 32000.
@@ -55,7 +60,11 @@ def parameters(model: torch.nn.Module) -> int:
 class Bench:
     """A model, lmdeploy's CUDA runner adopted by vendor_graph, and decode sessions per batch size."""
 
-    def __init__(self, device: str, config: tm.TinyConfig, max_batches: int, capture_sizes=None):
+    def __init__(self, device: str, config: tm.TinyConfig, max_batches: int, capture_sizes=None,
+                 where: str | None = None):
+        """``where``: the torch device of model and buffers; default ``cuda`` on a GPU and the simulated
+        ``npu`` device on the simulator (``cpu`` there: plain CPU tensors under the simulated graph API,
+        whose host cost per op is closer to a CUDA launch than the simulator's dispatch)."""
         import vendor_graph
 
         self.device = device
@@ -71,9 +80,9 @@ class Bench:
         vendor_graph.uninstall()
         __import__(f"vendor_graph.{VENDOR}")
         sys.modules[f"vendor_graph.{VENDOR}"].activate()
-        where = "cuda" if self.real else "npu"
+        where = where or ("cuda" if self.real else "npu")
         self.model = tm.TinyDecoder(VENDOR, config, device=where)
-        configs = harness.lmdeploy_configs(VENDOR, self.model, max_batches, capture_sizes)
+        configs = self.configs = harness.lmdeploy_configs(VENDOR, self.model, max_batches, capture_sizes)
         self.mgr = self._stack.enter_context(harness.step_manager(VENDOR, configs.model_config))
         self.runner = harness._build_runner(VENDOR, self.model, configs, self.mgr, where)
         self.where = where
@@ -87,9 +96,22 @@ class Bench:
         if self.real:
             torch.cuda.synchronize()
 
-    def context(self, batch: int):
+    def context(self, batch: int, fresh_kv_list: bool = False):
+        """A fresh step context for the first ``batch`` sequences. ``past_key_values`` is one list object
+        across steps, as lmdeploy passes its cache engine's list every step; the simulator's context
+        builds a new list of the same tensors each time (``fresh_kv_list=True`` keeps that), which keeps
+        vendor_graph's stale-graph guard on its full per-tensor check every step (``guard.py``: O(1)
+        only while the container is the one checked last), a cost lmdeploy's engine does not pay."""
         ctx = self.session.decode_context(list(range(batch)))
         ctx.enable_microbatch = False
+        if not fresh_kv_list:
+            kept = getattr(self, "_kv_list", None)
+            if kept is not None and len(kept) == len(ctx.kv_caches) and all(
+                    len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+                    for a, b in zip(kept, ctx.kv_caches, strict=True)):
+                ctx.kv_caches = kept
+            else:
+                self._kv_list = ctx.kv_caches
         self.mgr.set_context(ctx)
         return ctx
 
@@ -144,25 +166,114 @@ def task_latency(device: str, batches: list[int], reps: int, dry: bool) -> dict:
     return {"task": "latency", "rows": rows}
 
 
-def task_replay(device: str, reps: int, dry: bool) -> dict:
+REPLAY_GOAL_US = 50.0  # issue "replay step at its floor": whole step - bare replay, batch 1, large model
+REPLAY_ROUNDS, REPLAY_PER_ROUND = 40, 25
+
+
+def _timed_call(bench: Bench, fn) -> tuple[float, float]:
+    """(host seconds until ``fn`` returned, seconds until the device finished), synchronised before."""
+    bench.sync()
+    start = time.perf_counter()
+    fn()
+    host = time.perf_counter() - start
+    bench.sync()
+    return host, time.perf_counter() - start
+
+
+def task_replay(device: str, rounds: int, per_round: int, dry: bool) -> dict:
+    """The runner's whole replay step vs a bare ``CUDAGraph.replay()`` of the same graph, batch 1.
+
+    ``rounds`` rounds of ``per_round`` triples; in each triple, in an order that rotates, one whole
+    step of the adopted runner, one bare replay of its graph and one step of lmdeploy's plain
+    ``CUDAGraphRunner`` on the same model with the same (vendor_graph) buffer methods but without the
+    adopted runner's policy ("plain": separates what the policy adds from lmdeploy's runner and the
+    fill). Every step gets a fresh step context built outside the timed region, from the same
+    sequences (identical inputs), with ``past_key_values`` one list object as lmdeploy passes it (see
+    :meth:`Bench.context`). Per round: the median of each arm and the median of the per-triple
+    differences; over rounds: the median of those per-round differences with a bootstrap 95% interval
+    and the distribution-free interval of the median (:mod:`_stats`). Then the phase split of the
+    host time of the adopted runner's step (:mod:`_phases`), and once more with a new
+    ``past_key_values`` list per step (how part1 timed it: the stale-graph guard's full check)."""
+    import _phases
+    import _stats
+
     bench = Bench(device, model_config("large", 1, dry), 1)
     try:
         bench.timed(bench.graph, 1, 2)  # capture + one replay
         bench.require_graphs()
         (single,) = compat.cuda_runner_graphs(bench.runner).values()
         graph = single._graph
-        whole, bare = [], []
-        for _ in range(reps):  # interleaved, so drift hits both arms alike
-            whole += bench.timed(bench.graph, 1, 1)
-            bench.sync()
-            start = time.perf_counter()
-            graph.replay()
-            bench.sync()
-            bare.append(time.perf_counter() - start)
-        w, b = summary(whole), summary(bare)
-        return {"task": "replay", "params": parameters(bench.model), "batch": 1, "runner_step": w,
-                "bare_replay": b, "overhead_median": w["median_ms"] / b["median_ms"] - 1,
-                "overhead_min": w["min_ms"] / b["min_ms"] - 1}
+        c = bench.configs
+        plain = compat.cuda_graph_runner_class()(bench.model, c.model_config, c.cache_config, c.backend_config,
+                                                 torch.device(bench.where))
+        plain_step = lambda ctx: plain(**tm.forward_kwargs(ctx))  # noqa: E731
+        bench.timed(plain_step, 1, 2)  # its own capture + one replay
+        arms = ("step", "bare", "plain")
+        order = list(arms)
+        per = {name: {"device": [], "host": []} for name in arms}  # [round][i] seconds
+        for r in range(rounds):
+            rows = {name: {"device": [], "host": []} for name in arms}
+            for i in range(per_round):
+                shift = (r * per_round + i) % len(order)
+                for name in order[shift:] + order[:shift]:
+                    if name == "bare":
+                        host, dev = _timed_call(bench, graph.replay)
+                    else:
+                        ctx = bench.context(1)  # built outside the timed call
+                        call = plain_step if name == "plain" else bench.graph
+                        host, dev = _timed_call(bench, lambda call=call, ctx=ctx: call(ctx))
+                    rows[name]["device"].append(dev)
+                    rows[name]["host"].append(host)
+            for name in arms:
+                per[name]["device"].append(rows[name]["device"])
+                per[name]["host"].append(rows[name]["host"])
+
+        def us(x: float) -> float:
+            return 1e6 * x
+
+        def round_medians(name: str, kind: str = "device") -> list[float]:
+            return [us(statistics.median(v)) for v in per[name][kind]]
+
+        def round_paired(a: str, b: str, kind: str = "device") -> list[float]:
+            return [us(statistics.median([x - y for x, y in zip(ra, rb, strict=True)]))
+                    for ra, rb in zip(per[a][kind], per[b][kind], strict=True)]
+
+        diff = round_paired("step", "bare")
+        stats_diff = _stats.paired(diff)
+        flat = {name: [x for rnd in per[name]["device"] for x in rnd] for name in arms}
+        w, b = summary(flat["step"]), summary(flat["bare"])
+        phase_split = {}
+        for fresh in (False, True):  # after the rounds: a new list would put the guard on its full check
+            with _phases.phase_timers(bench.runner) as clock:
+                for _ in range(min(100 if fresh else 200, rounds * per_round)):
+                    ctx = bench.context(1, fresh_kv_list=fresh)
+                    bench.sync()
+                    with clock.region("unattributed (runner __call__ bodies, timing)"):
+                        bench.graph(ctx)
+                    bench.sync()
+            phase_split[fresh] = clock.summary()
+        result = {
+            "task": "replay", "params": parameters(bench.model), "batch": 1, "rounds": rounds, "per_round": per_round,
+            "goal_us": REPLAY_GOAL_US,
+            # the figures part1's report reads
+            "runner_step": w, "bare_replay": b, "plain_runner_step": summary(flat["plain"]),
+            "overhead_median": w["median_ms"] / b["median_ms"] - 1, "overhead_min": w["min_ms"] / b["min_ms"] - 1,
+            "round_medians_us": {name: round_medians(name) for name in arms},
+            "round_host_medians_us": {name: round_medians(name, "host") for name in arms},
+            "step_minus_bare_us": stats_diff,
+            "plain_minus_bare_us": _stats.paired(round_paired("plain", "bare")),
+            "step_minus_plain_us": _stats.paired(round_paired("step", "plain")),
+            "host_step_minus_bare_us": _stats.paired(round_paired("step", "bare", "host")),
+            "spread_us": {name: _stats.spread(round_medians(name)) for name in arms},
+            "goal_met": stats_diff["median"] <= REPLAY_GOAL_US,
+            "goal_met_whole_interval": (stats_diff["bootstrap95"] or (float("inf"),) * 2)[1] <= REPLAY_GOAL_US,
+            "phases": phase_split[False],
+            "phases_fresh_kv_list": phase_split[True],  # part1's set-up: a new past_key_values list per step
+        }
+        print(f"replay: step - bare {stats_diff['median']:.1f} us (rounds {stats_diff['min']:.1f}.."
+              f"{stats_diff['max']:.1f}, bootstrap95 {stats_diff['bootstrap95']}), goal <= {REPLAY_GOAL_US} us",
+              file=sys.stderr, flush=True)
+        return result
     finally:
         bench.close()
 
@@ -200,13 +311,16 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     p.add_argument("--dry-run", action="store_true", help="small models and sizes (a CPU check of the code)")
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=REPLAY_ROUNDS, help="replay: alternating rounds")
+    p.add_argument("--per-round", type=int, default=REPLAY_PER_ROUND,
+                   help="replay: triples (step, bare, plain) per round")
     p.add_argument("--out")
     args = p.parse_args(argv)
     dry = args.dry_run
     if args.task == "latency":
         result = task_latency(args.device, [1, 8] if dry else [1, 8, 64, 256], 3 if dry else args.reps, dry)
     elif args.task == "replay":
-        result = task_replay(args.device, 3 if dry else args.reps * 4, dry)
+        result = task_replay(args.device, 4 if dry else args.rounds, 3 if dry else args.per_round, dry)
     else:
         result = task_capture(args.device, 16 if dry else 256, dry)
     result.update(device=torch.cuda.get_device_name() if args.device == "cuda" else "CPU simulator (dry run)",

@@ -3,11 +3,18 @@ reference vendor (``import vendor_graph.cuda``: lmdeploy's runner adopted, vendo
 against lmdeploy's own graph mode (and eager), on the same random-weight Llama, plus the greedy tokens.
 
     python benchmarks/engine_tpot.py gen MODEL_DIR                  # random Llama + word-level tokenizer
-    python benchmarks/engine_tpot.py run {vendor,lmdeploy,eager} MODEL_DIR OUT.json [--repeats 5]
+    python benchmarks/engine_tpot.py run {vendor,lmdeploy,eager} MODEL_DIR OUT.json [--repeats 4]
 
-One engine mode per process. TPOT at batch B = (wall of B requests x 144 new tokens - wall of B x 16)
-/ 128: one decode step of the whole batch, free of prefill and of how outputs are chunked. Greedy,
-``ignore_eos``; each request a 32-token prompt of seeded ids.
+One engine mode per process (vendor_graph's patches are process-wide and two engines in one process
+would share lmdeploy's globals; ``benchmarks/h200.sh part3`` alternates the processes, ABBA). Per batch
+B (1, 8, 64), after one warm generation, ``--repeats`` generations of B requests x 144 new tokens (and,
+for the older estimator, B x 16), greedy, ``ignore_eos``, each request a 32-token prompt of ids seeded
+by B. Two TPOT estimators per generation:
+
+* ``stream`` (the primary one): the arrival time of every streamed output is recorded; per request,
+  (time of its last token - time it reached token 16) / (tokens in between), then the median over the
+  B requests: decode steps only, within one generation, free of prefill and of the request's end;
+* ``long - short``: (wall of B x 144 - wall of B x 16) / 128, as part2 measured it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,27 @@ import time
 
 BATCHES = (1, 8, 64)
 LONG, SHORT, PROMPT = 144, 16, 32
+STREAM_FROM = 16  # the stream estimator starts at a request's 16th token (prefill and first steps left out)
+REPEATS = 4
+SEED = 0  # prompts: random.Random(SEED * 1000 + batch)
+
+
+T0 = time.perf_counter()
+
+
+def stream_tpot(arrivals: list[list[tuple[float, int]]]) -> float | None:
+    """Seconds per decode step from streamed arrivals: per request, (time of the last token - time the
+    request reached token :data:`STREAM_FROM`) / tokens in between; the median over requests (None when
+    no request streamed at least 32 tokens after that point)."""
+    per_request = []
+    for seq in arrivals:
+        start = next(((t, n) for t, n in seq if n >= STREAM_FROM), None)
+        if start is None or not seq:
+            continue
+        (t_a, n_a), (t_b, n_b) = start, seq[-1]
+        if n_b - n_a >= 32:
+            per_request.append((t_b - t_a) / (n_b - n_a))
+    return statistics.median(per_request) if per_request else None
 
 
 def gen(model_dir: str) -> None:
@@ -49,7 +77,7 @@ def gen(model_dir: str) -> None:
 
 
 def prompts(batch: int) -> list[list[int]]:
-    rng = random.Random(batch)
+    rng = random.Random(SEED * 1000 + batch)
     return [[rng.randrange(4, 32000) for _ in range(PROMPT)] for _ in range(batch)]
 
 
@@ -59,7 +87,11 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
     from lmdeploy import GenerationConfig, PytorchEngineConfig
     from lmdeploy.pytorch.engine import Engine
 
-    result = {"mode": mode, "repeats": repeats, "batches": {}, "tokens": {}}
+    result = {"mode": mode, "repeats": repeats, "batches": {}, "tokens": {}, "seed": SEED,
+              "long": LONG, "short": SHORT, "prompt": PROMPT, "stream_from": STREAM_FROM,
+              "pid": os.getpid(),
+              "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+              "marks_s": {"imports": time.perf_counter() - T0}}
     start = time.perf_counter()
     cfg = PytorchEngineConfig(device_type="cuda", eager_mode=(mode == "eager"), max_batch_size=64,
                               cache_max_entry_count=0.05, session_len=2048, dtype="bfloat16")
@@ -71,36 +103,46 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
         traceback.print_exc()
         raise SystemExit(f"engine construction failed: {exc!r}") from exc
     result["engine_build_s"] = time.perf_counter() - start
+    result["marks_s"]["engine_built"] = time.perf_counter() - T0
     session = iter(range(1, 10**9))
 
-    async def one(ids: list[int], new_tokens: int) -> list[int]:
+    async def one(ids: list[int], new_tokens: int) -> tuple[list[int], list[tuple[float, int]]]:
         inst = engine.create_instance()
         # top_k=1: greedy. The engine API ignores do_sample (only lmdeploy's pipeline maps it); its
         # defaults (top_k 50, temperature 0.8) sample, so two runs would differ by chance.
         gen = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, top_k=1)
         tokens: list[int] = []
+        arrivals: list[tuple[float, int]] = []  # (time, tokens so far) per streamed output
         async for output in inst.async_stream_infer(next(session), ids, gen_config=gen):
             tokens += list(output.token_ids)
-        return tokens
+            arrivals.append((time.perf_counter(), len(tokens)))
+        return tokens, arrivals
 
-    async def wall(batch: int, new_tokens: int) -> tuple[float, list[list[int]]]:
+    async def wall(batch: int, new_tokens: int) -> tuple[float, list[list[int]], float | None]:
         t0 = time.perf_counter()
         outs = await asyncio.gather(*[one(p, new_tokens) for p in prompts(batch)])
-        return time.perf_counter() - t0, outs
+        return time.perf_counter() - t0, [t for t, _ in outs], stream_tpot([a for _, a in outs])
 
     async def main() -> None:
         engine.start_loop()
         for batch in BATCHES:
-            _, tokens = await wall(batch, LONG)  # warm (captures this batch's graph) and the tokens
+            _, tokens, _ = await wall(batch, LONG)  # warm (captures this batch's graph) and the tokens
             result["tokens"][str(batch)] = tokens
-            tpots = []
+            tpots, streams, walls = [], [], []
             for _ in range(repeats):
-                long, _ = await wall(batch, LONG)
-                short, _ = await wall(batch, SHORT)
+                long, _, stream = await wall(batch, LONG)
+                short, _, _ = await wall(batch, SHORT)
                 tpots.append(1e3 * (long - short) / (LONG - SHORT))
-            result["batches"][str(batch)] = {"tpot_ms": tpots, "min_ms": min(tpots),
-                                             "median_ms": statistics.median(tpots)}
-            print(f"{mode} B={batch}: TPOT median {statistics.median(tpots):.3f} ms min {min(tpots):.3f} ms",
+                streams.append(None if stream is None else 1e3 * stream)
+                walls.append({"long_s": long, "short_s": short})
+            ok = [x for x in streams if x is not None]
+            result["batches"][str(batch)] = {
+                "tpot_ms": tpots, "min_ms": min(tpots), "median_ms": statistics.median(tpots),
+                "stream_tpot_ms": streams, "stream_median_ms": statistics.median(ok) if ok else None,
+                "stream_min_ms": min(ok) if ok else None, "walls": walls}
+            result["marks_s"][f"batch_{batch}"] = time.perf_counter() - T0
+            print(f"{mode} B={batch}: TPOT stream median {result['batches'][str(batch)]['stream_median_ms']} ms; "
+                  f"long-short median {statistics.median(tpots):.3f} ms min {min(tpots):.3f} ms",
                   file=sys.stderr, flush=True)
         if mode == "vendor":
             from vendor_graph import patching
@@ -120,6 +162,28 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
     asyncio.run(main())
 
 
+def fake(mode: str, out: str, round_: int, repeats: int) -> None:
+    """A made-up result in ``run``'s schema (``"fake": true``), for the CPU dry run of the reporter; the
+    stream estimator is also checked on made-up arrivals."""
+    rng = random.Random(f"{mode}-{round_}")
+    arrivals = [[(0.01 * i, i) for i in range(1, LONG + 1)], [(0.0, 1), (0.5, 40), (1.3, LONG)]]
+    tp = stream_tpot(arrivals)
+    assert tp is not None and abs(tp - statistics.median([0.01, (1.3 - 0.5) / (LONG - 40)])) < 1e-12, tp
+    assert stream_tpot([[(0.0, 1), (0.1, 20)]]) is None
+    result = {"mode": mode, "repeats": repeats, "batches": {}, "tokens": {}, "seed": SEED, "fake": True,
+              "dry_run": True, "engine_build_s": 25.0 + rng.random(), "marks_s": {}}
+    for batch in BATCHES:
+        base = 2.0 + 0.01 * batch + (0.02 if mode == "vendor" else 0.0)
+        tpots = [base * (1 + 0.1 * rng.random()) for _ in range(repeats)]
+        streams = [base * (1 + 0.05 * rng.random()) for _ in range(repeats)]
+        result["batches"][str(batch)] = {"tpot_ms": tpots, "min_ms": min(tpots), "median_ms": statistics.median(tpots),
+                                         "stream_tpot_ms": streams, "stream_median_ms": statistics.median(streams),
+                                         "stream_min_ms": min(streams), "walls": []}
+        result["tokens"][str(batch)] = [prompts(batch)[i][:4] * (LONG // 4) for i in range(batch)]
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def cli(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -129,10 +193,17 @@ def cli(argv=None) -> None:
     r.add_argument("mode", choices=("vendor", "lmdeploy", "eager"))
     r.add_argument("model_dir")
     r.add_argument("out")
-    r.add_argument("--repeats", type=int, default=5)
+    r.add_argument("--repeats", type=int, default=REPEATS)
+    f = sub.add_parser("fake", help="a made-up result for the CPU dry run of the reporter")
+    f.add_argument("mode", choices=("vendor", "lmdeploy"))
+    f.add_argument("out")
+    f.add_argument("--round", type=int, default=1)
+    f.add_argument("--repeats", type=int, default=REPEATS)
     args = p.parse_args(argv)
     if args.cmd == "gen":
         gen(args.model_dir)
+    elif args.cmd == "fake":
+        fake(args.mode, args.out, args.round, args.repeats)
     else:
         run(args.mode, args.model_dir, args.out, args.repeats)
 

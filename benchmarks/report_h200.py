@@ -1,6 +1,8 @@
 """Summarise the H200 results in ``benchmarks/results/h200/`` (written by ``benchmarks/h200.sh``) into
 ``summary.json``, ``summary.md`` and, where matplotlib is importable, ``h200.png``; each figure is
-held to the goal issue 5 sets, with the ratio and whether it is met.
+held to the goal issue 5 sets, with the ratio and whether it is met. Part 3's files (``replay3.json``,
+``kernel_counts.json``, ``engine3_{vendor,lmdeploy}_r{N}.json``: unpack ``results_part3.tgz`` into the
+folder) add the "replay step at its floor" sections and goals; each section appears when its file does.
 
     python benchmarks/report_h200.py [RESULTS_DIR]
 """
@@ -36,8 +38,9 @@ def conformance(folder: Path) -> dict | None:
 def summarise(folder: Path) -> dict:
     out: dict = {"goals": []}
 
-    def goal(name: str, measured: float, target: str, met: bool, how: str) -> None:
-        out["goals"].append({"goal": name, "measured": measured, "target": target, "met": met, "how": how})
+    def goal(name: str, measured: float, target: str, met: bool, how: str, fmt: str | None = None) -> None:
+        out["goals"].append({"goal": name, "measured": measured, "target": target, "met": met, "how": how,
+                             **({"fmt": fmt} if fmt else {})})
 
     latency = load(folder, "latency.json")
     if latency:
@@ -78,10 +81,11 @@ def summarise(folder: Path) -> dict:
         last = runs["vendor"][-1]
         out["engine"] = {"rows": rows, "vendor_graph": last.get("vendor_graph"),
                          "build_s": {m: [r["engine_build_s"] for r in rs] for m, rs in runs.items()}}
+    part3(folder, out, goal)
     conf = conformance(folder)
     if conf:
         out["conformance"] = conf
-    for name in ("latency", "replay", "capture"):
+    for name in ("latency", "replay", "capture", "replay3", "kernel_counts"):
         data = load(folder, f"{name}.json")
         if data:
             out["device"], out["torch"] = data.get("device"), data.get("torch")
@@ -89,11 +93,246 @@ def summarise(folder: Path) -> dict:
     return out
 
 
+
+# -- part3: "replay step at its floor" -------------------------------------------------------------------
+
+ENGINE_GOAL = 1.0  # TPOT vendor / lmdeploy, per ABBA round; met when the interval of the median reaches <= 1.0
+
+
+def _interval(st: dict | None) -> str:
+    if not st:
+        return "n/a"
+    parts = []
+    oi = st.get("order_interval")
+    if oi:
+        parts.append(f"[{oi['low']:.3g}, {oi['high']:.3g}] ({oi['coverage']:.0%} order-statistic)")
+    bs = st.get("bootstrap95")
+    if bs:
+        parts.append(f"[{bs[0]:.3g}, {bs[1]:.3g}] (bootstrap 95%)")
+    return "; ".join(parts) or "n/a"
+
+
+def _paired(values: list[float]) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _stats
+
+    return _stats.paired(values)
+
+
+def part3(folder: Path, out: dict, goal) -> None:
+    replay = load(folder, "replay3.json")
+    if replay:
+        out["replay3"] = replay
+        d = replay["step_minus_bare_us"]
+        goal("whole replay step - bare CUDAGraph.replay(), ~0.89 B model, batch 1 (lmdeploy 0.17, Camb spec)",
+             d["median"], f"<= {replay.get('goal_us', 50):g} µs", d["median"] <= replay.get("goal_us", 50),
+             f"median over {d['n']} rounds of the per-round median paired difference ({replay['per_round']} "
+             f"alternating triples a round); rounds {d['min']:.1f} .. {d['max']:.1f} µs; "
+             f"interval {_interval(d)}",
+             fmt=".1f")
+    counts = load(folder, "kernel_counts.json")
+    if counts:
+        out["kernel_counts"] = counts
+    runs = {m: {} for m in ("vendor", "lmdeploy")}
+    for path in sorted(folder.glob("engine3_*_r*.json")):
+        mode, _, rnd = path.stem[len("engine3_"):].rpartition("_r")
+        if mode in runs and rnd.isdigit():
+            runs[mode][int(rnd)] = json.loads(path.read_text())
+    rounds = sorted(set(runs["vendor"]) & set(runs["lmdeploy"]))
+    if not rounds:
+        return
+    rows = []
+    fake = any(r.get("fake") for rs in runs.values() for r in rs.values())
+    batches = list(runs["vendor"][rounds[0]]["batches"])
+    for batch in batches:
+        row: dict = {"batch": int(batch), "rounds": rounds}
+        for est, key in (("stream", "stream_median_ms"), ("long_short", "median_ms")):
+            v = [runs["vendor"][r]["batches"][batch].get(key) for r in rounds]
+            lm = [runs["lmdeploy"][r]["batches"][batch].get(key) for r in rounds]
+            pairs = [(a, b) for a, b in zip(v, lm, strict=True) if a is not None and b is not None]
+            if not pairs:
+                continue
+            ratios = [a / b for a, b in pairs]
+            row[est] = {"vendor_round_medians_ms": v, "lmdeploy_round_medians_ms": lm,
+                        "round_ratios": ratios, "ratio": _paired(ratios),
+                        "vendor_ms": _paired([a for a, _ in pairs]), "lmdeploy_ms": _paired([b for _, b in pairs])}
+        tokens = [r["tokens"][batch] for rs in runs.values() for r in rs.values()]
+        complete = all(len(t) == 144 for ts in tokens for t in ts) or fake
+        row["greedy_tokens_equal"] = complete and all(ts == tokens[0] for ts in tokens)
+        rows.append(row)
+        st = row.get("stream", row.get("long_short"))
+        if st:
+            r = st["ratio"]
+            low = (r.get("order_interval") or {}).get("low", r["median"])
+            verdict = ("met" if r["median"] <= ENGINE_GOAL else
+                       "met within spread (median above, interval reaches it)" if low <= ENGINE_GOAL else "missed")
+            row["verdict"] = verdict
+            goal(f"engine TPOT vendor_graph.cuda / lmdeploy graph, batch {batch} (part3, paired ABBA rounds)",
+                 r["median"], f"<= {ENGINE_GOAL} within spread, tokens equal",
+                 low <= ENGINE_GOAL and row["greedy_tokens_equal"],
+                 f"{verdict}; median of {r['n']} per-round ratios of stream-TPOT medians, rounds "
+                 f"{r['min']:.3f} .. {r['max']:.3f}, interval {_interval(r)}; tokens equal: "
+                 f"{row['greedy_tokens_equal']}" + (" (FAKE dry-run data)" if fake else ""), fmt=".3f")
+    out["engine3"] = {"rows": rows, "fake": fake,
+                      "build_s": {m: [rs[r].get("engine_build_s") for r in sorted(rs)] for m, rs in runs.items()},
+                      "vendor_graph": runs["vendor"][rounds[-1]].get("vendor_graph")}
+
+
+def _cnt(rec: dict | None, key: str) -> str:
+    if not rec or key not in rec:
+        return "-"
+    m = rec[key]
+    return f"{m['median']:g}" if m["min"] == m["max"] else f"{m['median']:g} ({m['min']:g}-{m['max']:g})"
+
+
+def _unc(rec: dict | None) -> str:
+    """A note when some of these were placed by time (their launch API was not in the trace)."""
+    n = ((rec or {}).get("uncorrelated") or {}).get("median", 0)
+    return f" ({n:g} placed by time)" if n else ""
+
+
+def _api(rec: dict | None) -> str:
+    if not rec:
+        return "-"
+    kinds = rec.get("api_kinds", {})
+    return ", ".join(f"{k} {v['median']:g}" for k, v in sorted(kinds.items()) if k != "other") or "none"
+
+
+def part3_markdown(s: dict) -> list[str]:
+    lines: list[str] = []
+    r = s.get("replay3")
+    if r:
+        d, p, sp, h = (r["step_minus_bare_us"], r["plain_minus_bare_us"], r["step_minus_plain_us"],
+                       r["host_step_minus_bare_us"])
+        lines += ["", f"## Part 3: whole replay step vs bare replay (batch 1, {r['params'] / 1e6:.0f} M parameters, "
+                      f"{r['rounds']} rounds x {r['per_round']} alternating triples)", "",
+                  "| arm | median of round medians (µs) | rounds min .. max (µs) |", "|---|---:|---|"]
+        for name, label in (("step", "adopted runner, whole step"), ("plain", "lmdeploy's plain runner, same fill"),
+                            ("bare", "bare CUDAGraph.replay()")):
+            if name not in r["spread_us"]:
+                continue
+            x = r["spread_us"][name]
+            lines.append(f"| {label} | {x['median']:.1f} | {x['min']:.1f} .. {x['max']:.1f} |")
+        lines += ["", "| paired, per round | median µs | rounds min .. max | interval |", "|---|---:|---|---|"]
+        for label, x in (("step - bare (device wall)", d), ("plain - bare", p), ("step - plain (the policy)", sp),
+                         ("step - bare, host time until the call returned", h)):
+            if not x:
+                continue
+            lines.append(f"| {label} | {x['median']:.1f} | {x['min']:.1f} .. {x['max']:.1f} | {_interval(x)} |")
+        lines += ["", f"Goal step - bare <= {r['goal_us']:g} µs: "
+                      f"{'met' if r['goal_met'] else '**missed**'} on the median"
+                      f"{' and over the whole bootstrap interval' if r['goal_met_whole_interval'] else ''}.", ""]
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _phases
+
+        lines += _phases.markdown(r["phases"],
+                                  f"Host-time phase split of the adopted runner's step ({r.get('device')})")
+        fresh = r.get("phases_fresh_kv_list")
+        if fresh:
+            def guard(summ: dict) -> str:
+                us = next((p["median_us"] for p in summ["phases"] if p["phase"].startswith("vg guard.check")), None)
+                return "?" if us is None else f"{us:.1f}"
+
+            lines += ["", f"With a new `past_key_values` list per step (part1's set-up), the stale-graph guard "
+                          f"check takes {guard(fresh)} µs a step instead of {guard(r['phases'])} µs (step "
+                          f"{fresh['step_median_us']:.1f} µs instead of {r['phases']['step_median_us']:.1f} µs, "
+                          f"host, instrumented)."]
+    k = s.get("kernel_counts")
+    if k:
+        lines += ["", f"## Part 3: kernels per fill and per replay step, vendor_graph.cuda vs lmdeploy's runner "
+                      f"(lmdeploy {k.get('lmdeploy')}, one process, same model and inputs; "
+                      f"{k.get('profile_steps')} profiled calls each)", ""]
+        if k.get("dry_run"):
+            lines += ["DRY RUN (CPU simulator, tiny Camb model): the \"lmdeploy\" arm runs vendor_graph's buffer "
+                      "methods on lmdeploy's plain runner (lmdeploy's own fill needs Triton); counts are the "
+                      "simulator's device operations.", ""]
+        if k.get("errors"):
+            lines += [f"Errors: `{k['errors']}`", ""]
+        lines += ["| batch | arm | fill: kernels / memcpy / memset | fill API calls | step: kernels outside the graph "
+                  "/ memcpy / memset | step: graph kernels | step API calls | bare replay: graph kernels |",
+                  "|---:|---|---|---|---|---:|---|---:|"]
+        for batch, arms in (k.get("counts") or {}).items():
+            for arm, rec in arms.items():
+                f, st, b = rec.get("fill"), rec.get("step"), rec.get("bare")
+                if f and "sim_device_ops" in f and "kernels" in f and not f["api_kinds"]:
+                    fill = f"sim device ops {f['sim_device_ops']['device_ops']:g}"
+                    step = f"sim device ops {st['sim_device_ops']['device_ops']:g}" if st else "-"
+                else:
+                    fill = f"{_cnt(f, 'kernels')} / {_cnt(f, 'memcpy')} / {_cnt(f, 'memset')}{_unc(f)}"
+                    step = f"{_cnt(st, 'kernels')} / {_cnt(st, 'memcpy')} / {_cnt(st, 'memset')}{_unc(st)}"
+                lines.append(f"| {batch} | {arm} | {fill} | {_api(f)} | {step} | {_cnt(st, 'graph_kernels')} | "
+                             f"{_api(st)} | {_cnt(b, 'graph_kernels')} |")
+        names = []
+        for batch, arms in (k.get("counts") or {}).items():
+            for arm, rec in arms.items():
+                for kind in ("fill", "step"):
+                    kn = (rec.get(kind) or {}).get("kernel_names_per_call")
+                    mk = (rec.get(kind) or {}).get("memcpy_kinds_per_call")
+                    if kn or mk:
+                        parts = [f"`{n[:70]}` x{c:g}" for n, c in (kn or {}).items()]
+                        parts += [f"{n} x{c:g}" for n, c in (mk or {}).items()]
+                        names.append(f"- b={batch} {arm} {kind}: " + "; ".join(parts))
+        if names:
+            lines += ["", "Kernels launched outside the graph, and copies, per call:", "", *names]
+        if k.get("trace_categories"):
+            lines += ["", "Profiler trace, events by category: " + ", ".join(
+                f"{c} {n}" for c, n in sorted(k["trace_categories"].items()))]
+        t = k.get("timing") or {}
+        if t:
+            lines += ["", "Same process, arms alternating by round (µs; median of round medians, rounds min .. max):",
+                      "",
+                      "| batch | vendor step | lmdeploy step | vendor step - bare | lmdeploy step - bare | "
+                      "vendor - lmdeploy (paired) | vendor / lmdeploy |", "|---:|---:|---:|---|---|---|---|"]
+            for batch, row in t.items():
+                v, lm = row["vendor"], row["lmdeploy"]
+                dv, dl, dd, rr = (v["step_minus_bare_us"], lm["step_minus_bare_us"],
+                                  row["vendor_minus_lmdeploy_step_us"], row["vendor_over_lmdeploy_step"])
+                lines.append(f"| {batch} | {v['step_us']['median']:.1f} | {lm['step_us']['median']:.1f} | "
+                             f"{dv['median']:.1f} ({dv['min']:.1f} .. {dv['max']:.1f}) | "
+                             f"{dl['median']:.1f} ({dl['min']:.1f} .. {dl['max']:.1f}) | "
+                             f"{dd['median']:+.1f} {_interval(dd)} | "
+                             f"{rr['median']:.3f} ({rr['min']:.3f} .. {rr['max']:.3f}) |")
+        agree = k.get("agreement") or {}
+        if agree:
+            lines += ["", "Hidden states, vendor vs lmdeploy arm, same inputs: " + ", ".join(
+                f"b={b}: max abs diff {a['max_abs_diff']}" for b, a in agree.items())]
+        ph = k.get("phases") or {}
+        if ph:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import _phases
+
+            first = next(iter(ph))
+            for arm, summ in ph[first].items():
+                lines += [""] + _phases.markdown(summ, f"Host-time phase split, {arm} arm, batch {first}")
+    e = s.get("engine3")
+    if e:
+        lines += ["", "## Part 3: engine TPOT in ABBA rounds of alternating processes (ms)"
+                      + (" -- FAKE dry-run data" if e.get("fake") else ""), "",
+                  "| batch | estimator | vendor per round | lmdeploy per round | ratio per round | median ratio | "
+                  "interval | verdict | tokens equal |", "|---:|---|---|---|---|---:|---|---|---|"]
+        for row in e["rows"]:
+            for est in ("stream", "long_short"):
+                x = row.get(est)
+                if not x:
+                    continue
+                v = ", ".join("-" if a is None else f"{a:.3f}" for a in x["vendor_round_medians_ms"])
+                lm = ", ".join("-" if a is None else f"{a:.3f}" for a in x["lmdeploy_round_medians_ms"])
+                rr = ", ".join(f"{a:.3f}" for a in x["round_ratios"])
+                lines.append(f"| {row['batch']} | {est} | {v} | {lm} | {rr} | {x['ratio']['median']:.3f} | "
+                             f"{_interval(x['ratio'])} | {row.get('verdict', '') if est == 'stream' else ''} | "
+                             f"{row['greedy_tokens_equal']} |")
+        lines += ["", f"Engine build seconds: {e['build_s']}."]
+    return lines
+
+
 def markdown(s: dict) -> str:
     lines = [f"# H200 results ({s.get('device', '?')}, torch {s.get('torch', '?')})", ""]
     lines += ["## Goals", "", "| goal | measured | target | met |", "|---|---:|---|---|"]
     for g in s["goals"]:
-        value = f"{g['measured']:+.1%}" if "replay" in g["goal"] else f"{g['measured']:.2f}"
+        if g.get("fmt"):
+            value = format(g["measured"], g["fmt"])
+        else:
+            value = f"{g['measured']:+.1%}" if "replay" in g["goal"] else f"{g['measured']:.2f}"
         lines.append(f"| {g['goal']} ({g['how']}) | {value} | {g['target']} | {'yes' if g['met'] else '**no**'} |")
     if "latency" in s:
         lines += ["", "## Decode step latency (ms, synchronised per step; median / min)", "",
@@ -137,6 +376,7 @@ def markdown(s: dict) -> str:
         for r in c["rows"]:
             mib = "-" if r["capture_bytes"] is None else f"{r['capture_bytes'] / 2**20:.1f}"
             lines.append(f"| {r['bucket']} | {r['capture_seconds']:.3f} | {mib} |")
+    lines += part3_markdown(s)
     if "conformance" in s:
         c = s["conformance"]
         lines += ["", "## Conformance on real CUDA graphs", "",

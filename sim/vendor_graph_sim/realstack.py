@@ -41,7 +41,7 @@ import shutil
 import sys
 import tempfile
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +339,44 @@ class Built:
                                              self.device)
 
 
+DLINFER_RUNNER = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph.AscendGraphRunner"
+
+
+def dlinfer_graph_runner(built: Built, eager: bool) -> tuple[Any, str | None]:
+    """dlinfer's own Ascend graph runner (:data:`DLINFER_RUNNER`, what real dlinfer serves when vendor_graph
+    is not active) for this engine, and why lmdeploy's ``AscendOpsBackend.build_graph_runner`` could not
+    build it (None when it could).
+
+    lmdeploy 0.17/0.18's builder passes ``is_mla=`` to it; a dlinfer whose runner does not take that keyword
+    raises TypeError there. Then the runner is built with the builder's other arguments and its side effects
+    (``AscendOpsBackend.enable_graph`` / ``max_batches``). Refuses to run with vendor_graph active (it
+    replaces the builder and dlinfer's buffer methods)."""
+    from lmdeploy.pytorch.config import BackendConfig
+
+    import vendor_graph
+
+    if vendor_graph.active_vendor() is not None:
+        raise RuntimeError(f"vendor_graph.{vendor_graph.active_vendor()} is active: dlinfer's runner is not what "
+                           "lmdeploy would run; use a process without vendor_graph activated")
+    module_name, _, class_name = DLINFER_RUNNER.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    backend = _backend()
+    backend_config = BackendConfig(eager_mode=eager, device_type="ascend")
+    args = (built.model, built.model_config, built.cache_config, backend_config, built.device)
+    try:
+        runner = backend.build_graph_runner(*args)
+    except TypeError as exc:
+        if "is_mla" not in str(exc):
+            raise
+        backend.enable_graph = not eager
+        backend.max_batches = built.cache_config.max_batches
+        return cls(*args), f"AscendOpsBackend.build_graph_runner: TypeError: {exc}"
+    if not isinstance(runner, cls):
+        raise RuntimeError(f"AscendOpsBackend.build_graph_runner built {type(runner).__module__}."
+                           f"{type(runner).__qualname__}, not {DLINFER_RUNNER}")
+    return runner, None
+
+
 def build(name: str, directory: Path, *, max_batches: int, seed: int = 0, device: str = "npu") -> Built:
     """Write ``name``'s checkpoint into ``directory`` and build it the way lmdeploy's model agent does."""
     from lmdeploy.pytorch.config import CacheConfig, ModelConfig
@@ -466,14 +504,16 @@ def live_slots(seqs: Sequence[Sequence_]) -> list[int]:
 BATCH_SIZES = (1, 2, 3, 5, 7, 3, 4, 8, 9, 6, 2, 1, 5)
 
 
-def plan(seed: int, *, steps: int, max_seqs: int, longest_prompt: int = BLOCK_SIZE + 4) -> list[dict[str, Any]]:
+def plan(seed: int, *, steps: int, max_seqs: int, longest_prompt: int = BLOCK_SIZE + 4,
+         sizes: Sequence[int] = BATCH_SIZES) -> list[dict[str, Any]]:
     """A decode schedule that grows, shrinks (a batch of 3 right after 7) and crosses bucket boundaries
     (8 -> 9). Each step names its batch size and the prompt lengths of the sequences that join before it
-    (their prefill step); the oldest running sequences finish when the batch shrinks."""
+    (their prefill step); the oldest running sequences finish when the batch shrinks. ``sizes``: the batch
+    sizes cycled through (default :data:`BATCH_SIZES`)."""
     rng = random.Random(seed)
     out, running = [], 0
     for step in range(steps):
-        size = min(max_seqs, BATCH_SIZES[step % len(BATCH_SIZES)])
+        size = min(max_seqs, sizes[step % len(sizes)])
         join = max(0, size - running)
         out.append({"size": size, "join": [rng.randint(3, longest_prompt) for _ in range(join)]})
         running = size
@@ -514,11 +554,15 @@ class Record:
 class Conformance:
     """lmdeploy eager (``eager_mode=True``) and graph mode side by side over one schedule, step by step."""
 
-    def __init__(self, built: Built, generation: str, *, seed: int = 0) -> None:
+    def __init__(self, built: Built, generation: str, *, seed: int = 0,
+                 runner_factory: Callable[[bool], Any] | None = None) -> None:
+        """``runner_factory(eager)`` builds each side's runner (default :meth:`Built.runner`, what
+        ``AscendOpsBackend.build_graph_runner`` returns)."""
         self.built, self.seed = built, seed
         self.record = Record(built.name, generation)
-        self.eager = Side(built.runner(eager=True), built.kv_caches(seed), BlockPool(seed))
-        self.graph = Side(built.runner(eager=False), built.kv_caches(seed), BlockPool(seed))
+        make = built.runner if runner_factory is None else runner_factory
+        self.eager = Side(make(True), built.kv_caches(seed), BlockPool(seed))
+        self.graph = Side(make(False), built.kv_caches(seed), BlockPool(seed))
         self.initial = [[t.clone() for t in layer] for layer in built.kv_caches(seed)]
         self.written: set[int] = set()
         self.prompt_rng = random.Random(seed + 1)
@@ -592,10 +636,11 @@ class Conformance:
                 if not torch.equal(g[written], e[written]):
                     self.record.mismatches.append(f"{what}: layer {layer} {name}-cache live slots differ")
 
-    def run(self, steps: int, max_seqs: int) -> Record:
+    def run(self, steps: int, max_seqs: int, sizes: Sequence[int] = BATCH_SIZES) -> Record:
         # Prompts fed by decode steps cost a step per token: shorter ones (the KV still crosses blocks as they decode).
         longest = BLOCK_SIZE + 4 if self.record.prefill == "prefill" else BLOCK_SIZE // 2
-        for index, entry in enumerate(plan(self.seed, steps=steps, max_seqs=max_seqs, longest_prompt=longest)):
+        for index, entry in enumerate(plan(self.seed, steps=steps, max_seqs=max_seqs, longest_prompt=longest,
+                                           sizes=sizes)):
             size = entry["size"]
             for side in (self.eager, self.graph):
                 while len(side.running) > size:  # the oldest finish

@@ -1,0 +1,76 @@
+"""vendor_graph's Ascend runner makes no host sync in a replay step, on the real stack: lmdeploy's tiny Llama over
+the real dlinfer on the simulated NPU, a few steps of ``benchmarks/runner_vs_dlinfer.py``'s schedule, one
+process per generation through that benchmark's child (dlinfer's own runner on the same steps is the
+benchmark's business: ``benchmarks/results/runner_vs_dlinfer.md``).
+
+G1 takes the task-update path; G5 the graph-update path (``NPUGraph.update``), where vendor_graph waited on the
+host (``Event.synchronize()``) before each update until the update was ordered after the previous replay on
+torch_npu's update stream.
+
+dlinfer comes from ``VENDOR_GRAPH_DLINFER_SRC`` or an installed (real) ``dlinfer``; with neither (only the stand-in
+tests/conftest.py provides) these tests skip saying how to provide it. A setting given but unusable fails them
+(never a green skip).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from vendor_graph_sim import realstack, standins
+
+from vendor_graph import settings
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_vs_dlinfer.py"
+STEPS = 3  # batches 1, 3, 8 (prompts fed by decode on lmdeploy 0.18): captures, replays, a padded bucket
+PATHS = {"G1": "task-update", "G5": "graph-update"}
+
+
+@pytest.fixture(scope="module")
+def dlinfer_available():
+    try:
+        origin, _ = realstack.dlinfer_origin()
+    except settings.SettingsError as exc:
+        pytest.fail(f"the dlinfer setting is unusable: {exc}")
+    except realstack.DlinferUnavailable as exc:
+        pytest.skip(str(exc))
+    spec = importlib.util.find_spec("dlinfer")
+    if origin == "installed" and spec is not None and spec.origin and standins.is_standin(spec.origin):
+        # tests/conftest.py puts the stand-in dlinfer on the path when none is installed: it runs no kernel
+        pytest.skip(f"only the stand-in dlinfer is importable: {realstack.HOW_TO_PROVIDE}")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("runner_vs_dlinfer", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _describe(result: dict, bench) -> str:
+    """One line on what a runner did per replay step (or how it failed)."""
+    steps = bench.replay_steps(result)
+    text = f"{result['runner']}: {len(steps)} replay steps"
+    if steps:
+        worst = max(steps, key=lambda c: c["host_syncs"])
+        text += (f", host syncs per step max {worst['host_syncs']} (syncs {worst['syncs']}, d2h {worst['d2h']}; "
+                 f"from {worst['sync_sites'] or '-'}), device ops per step max {max(c['device_ops'] for c in steps)}")
+    if "error" in result:
+        text += f"; failed at {result.get('error_at')}: {result['error'][:300]}"
+    return text
+
+
+@pytest.mark.parametrize("generation", sorted(PATHS, key=lambda g: g != "G1"))
+def test_vendor_graphs_runner_makes_no_host_sync_in_a_replay_step(generation, tmp_path, dlinfer_available, bench,
+                                                                  record_property):
+    ours = bench.run_child(None, generation, "vendor_graph", tmp_path, STEPS, bench.SEED, None)
+    record_property("vendor_graph", f"{generation}: {_describe(ours, bench)}")
+
+    assert "error" not in ours, ours.get("error_traceback") or ours.get("stderr_tail") or ours["error"]
+    assert ours["seqlen_paths"] == [PATHS[generation]], ours["seqlen_paths"]
+    steps = bench.replay_steps(ours)
+    assert steps, f"vendor_graph replayed no graph on {generation}: {[c['kind'] for c in ours['calls']]}"
+    syncing = [(c["what"], c["batch"], c["syncs"], c["d2h"], c["sync_sites"]) for c in steps if c["host_syncs"]]
+    assert not syncing, f"{generation}: replay steps with host syncs (what, batch, syncs, d2h, where): {syncing}"
