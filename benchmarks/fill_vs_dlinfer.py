@@ -269,7 +269,21 @@ def schedules(graph: int, batch: int, larger: int) -> list[tuple[str, str, list[
 # -- arms ---------------------------------------------------------------------------------------------------
 
 
-class DlinferArm:
+class _MetaBuffers:
+    """An arm whose buffers are its ``meta.input_buffers``, ``host`` naming the host-placed ones."""
+
+    meta: Any
+    host: frozenset[str]
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return self.meta.input_buffers
+
+    def placement(self) -> dict[int, tuple[str, bool]]:
+        return {t.untyped_storage().data_ptr(): (k, k in self.host) for k, t in self.buffers.items()}
+
+
+class DlinferArm(_MetaBuffers):
     def __init__(self, vendor: str, graph: int, capture: tuple) -> None:
         self.make, self.fill_fn, self.update_fn = dlinfer_methods(vendor)
         from lmdeploy.pytorch.model_inputs import StepContextManager
@@ -280,13 +294,6 @@ class DlinferArm:
         self.meta.input_buffers, self.host = made_with_placement(
             lambda: self.make(None, self.meta, **_dlinfer_kwargs(inputs, attn)))
         self.run(capture)  # the capture step's fill + update, as dlinfer's AscendSingleGraphRunner.capture
-
-    @property
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return self.meta.input_buffers
-
-    def placement(self) -> dict[int, tuple[str, bool]]:
-        return {t.untyped_storage().data_ptr(): (k, k in self.host) for k, t in self.buffers.items()}
 
     def time_block(self, steps: list, positions: Iterable[int], out: list[int]) -> None:
         from lmdeploy.pytorch.model_inputs import set_step_ctx_manager
@@ -322,7 +329,7 @@ def fill_takes_context(spec: Any) -> bool:
     return "context" in inspect.signature(type(spec).fill).parameters
 
 
-class VendorGraphArm:
+class VendorGraphArm(_MetaBuffers):
     def __init__(self, spec: Any, graph: int, capture: tuple) -> None:
         from vendor_graph.buffers import Placement
 
@@ -340,13 +347,6 @@ class VendorGraphArm:
         else:
             self.spec.fill(self.meta, inputs, attn)
         self.spec.bind_context(self.meta, ctx)
-
-    @property
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return self.meta.input_buffers
-
-    def placement(self) -> dict[int, tuple[str, bool]]:
-        return {t.untyped_storage().data_ptr(): (k, k in self.host) for k, t in self.buffers.items()}
 
     def time_block(self, steps: list, positions: Iterable[int], out: list[int]) -> None:
         perf, fill, bind, meta = time.perf_counter_ns, self.spec.fill, self.spec.bind_context, self.meta
