@@ -7,11 +7,13 @@ graph-mode failure when broken: pad to the graph's batch, never to a size comput
 a previous, larger batch left behind (a stale ``kv_start_indices`` writes a live sequence's KV slot); treat a
 source that appears or disappears after capture as an error, not a silent stale read.
 
-Cost per step, a design constraint: one device ``torch._foreach_copy_`` per fill / bind_context call, carrying
-every live copy and every padding reset; one host ``_foreach_copy_`` for host-placed fields (no device work, as
-lmdeploy builds those sources on the host); nothing for static fields. A host source bound for a device buffer
-is staged through pinned memory and copied without blocking where the platform has pinned memory, else copied
-blocking from pageable memory (CPU-only torch, the simulator).
+Cost per step, a design constraint: one device ``torch._foreach_copy_`` per step carrying every live copy and
+every padding reset (the fill, given the step's ``StepContext``, writes its sources too, and ``bind_context`` only
+binds; on CUDA one per dtype group, torch's one-kernel route); one host copy for host-placed fields (no device
+work, as lmdeploy builds those sources on the host); nothing for static fields. A step whose sources have shapes
+already seen after the same previous extents repeats the learnt write without re-validating (the fast fill).
+A host source bound for a device buffer is staged through pinned memory and copied without blocking where the
+platform has pinned memory, else copied blocking from pageable memory (CPU-only torch, the simulator).
 """
 
 from __future__ import annotations

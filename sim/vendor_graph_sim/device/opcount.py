@@ -5,7 +5,8 @@
 issued inside it, split into the buffer fill (``BufferSpec.fill``), the context bind
 (``BufferSpec.bind_context``), the Ascend seq-len update, the replay and anything else, and the host
 waits on device work it made (``host_syncs``, device-to-host copies among them). Used by
-``benchmarks/ops_per_step.py`` and by the test that holds fill + bind to two device ops per step.
+``benchmarks/ops_per_step.py``, ``benchmarks/step_cost.py`` and the test that holds a replay step to one input
+device op and no host wait.
 """
 
 from __future__ import annotations
