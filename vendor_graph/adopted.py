@@ -63,14 +63,23 @@ class AdoptedRunner(GraphBackend):
         return super().__call__(**kwargs)  # lmdeploy captures a key it has no graph for
 
     def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
-        """The key's graph, replayed through lmdeploy's ``CUDASingleGraphRunner.forward`` (its fill, bind,
-        replay and output slicing). lmdeploy's ``__call__`` would only redo what this step already did
-        (input preparation, the graph-mode check, the key, the lookup) before calling the same ``forward``;
-        with DeepEP on it also sets the process's dispatch mode first, so then it goes through it."""
-        graph = compat.cuda_runner_graphs(self).get(key.as_lmdeploy_tuple())
-        if graph is None or compat.deepep_enabled():
+        """The key's graph: fill, bind, replay and output slicing as lmdeploy's ``CUDASingleGraphRunner.forward``
+        does them, without what would only be redone or annotated: lmdeploy's ``__call__`` repeats this step's
+        input preparation, graph-mode check, key and lookup, and ``forward``'s ``record_function`` range is
+        a dispatcher call per step even with no profiler (vendor_graph's own range is
+        ``stats.profile_range``). With DeepEP on, ``__call__`` also sets the process's dispatch mode first,
+        so then the step goes through it; a graph whose layout is unknown goes through ``forward``."""
+        single = compat.cuda_runner_graphs(self).get(key.as_lmdeploy_tuple())
+        if single is None or compat.deepep_enabled():
             return super().__call__(**kwargs)
-        return graph.forward(**kwargs)
+        cuda_graph = compat.captured_cuda_graph(single)
+        if cuda_graph is None:
+            return single.forward(**kwargs)
+        model, meta = single.model, single.meta
+        model.fill_buffers_cudagraph(meta, **kwargs)
+        model.update_context_cudagraph(meta, self.ctx_mgr.current_context())
+        cuda_graph.replay()
+        return model.get_outputs_cudagraph(meta.output_buffers, **kwargs)
 
     def release(self, key: GraphKey | None) -> None:
         graphs = compat.cuda_runner_graphs(self)

@@ -163,6 +163,16 @@ def cuda_runner_graphs(runner) -> dict:
     return runner._runner_map
 
 
+def captured_cuda_graph(single_runner) -> Any:
+    """The ``torch.cuda.CUDAGraph`` a ``CUDASingleGraphRunner`` replays (``USE_GRAPH`` up to 0.17,
+    ``_use_graph`` in 0.18), or None where it replays none (fake capture) or this layout is unknown."""
+    use = getattr(single_runner, "_use_graph", getattr(single_runner, "USE_GRAPH", None))
+    graph = getattr(single_runner, "_graph", None)
+    if use is not True or graph is None or not hasattr(single_runner, "meta"):
+        return None
+    return graph
+
+
 def deepep_enabled() -> bool:
     """Whether lmdeploy's DeepEP state is on (its CUDA runner then sets the dispatch mode every step)."""
     global _deepep_state

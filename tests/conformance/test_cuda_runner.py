@@ -171,8 +171,8 @@ def test_the_shadow_check_catches_a_wrong_graph(cuda_style_backend, monkeypatch,
 
 
 def test_a_replay_step_asks_lmdeploy_for_its_key_once(cuda_style_backend, monkeypatch):
-    """The adopted runner's replay goes straight to the key's CUDASingleGraphRunner.forward: lmdeploy's
-    ``__call__`` would compute the graph-mode check and the key a second time for the same step."""
+    """The adopted runner's replay goes straight to the key's captured graph: lmdeploy's ``__call__`` would
+    compute the graph-mode check and the key a second time for the same step."""
     calls = {"get_graph_key": 0, "enable_graph": 0, "steps": 0}
 
     def patch_runner(runner):
@@ -189,8 +189,17 @@ def test_a_replay_step_asks_lmdeploy_for_its_key_once(cuda_style_backend, monkey
         runner.get_graph_key, runner.enable_graph = counted_key, counted_enable
 
     _wrap_builder(monkeypatch, patch_runner)
+    single = compat.cuda_single_graph_runner_class()
+    forward = single.forward
+
+    def counted_forward(self, **kwargs):
+        calls["forward"] = calls.get("forward", 0) + 1
+        return forward(self, **kwargs)
+
+    monkeypatch.setattr(single, "forward", counted_forward)
     pair = harness.run("camb", 1, steps=16, num_seqs=6, backend=cuda_style_backend)
     assert not pair.mismatches, pair.mismatches[:3]
+    assert calls.get("forward", 0) == 0  # replays skip forward's per-step record_function range too
     replays = pair.runner.stats.replays
     captures = sum(b.captures for b in pair.runner.stats.buckets.values())
     assert replays >= 8
