@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import vendor_graph_sim  # noqa: F401  (the benchmark's child runs on the simulator, which needs a current torch)
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
