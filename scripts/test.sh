@@ -4,9 +4,12 @@
 # ending on 0.18.0, then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
 # VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
 # The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
-# generation) runs every generation on the last release (G0-G3b after the host suites, G4 G5 after the sim
-# suites: the two cores balanced) and G1 + G5 plus its other tests (MoE path, multi-token gate, demo) on the
-# others; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it runs (unset and no dlinfer installed: it skips).
+# generation) runs every generation on the last release (after the host suites, or G4 G5 after the sim
+# suites where the mutation checks run on the last release: the two cores balanced) and G1 + G5 plus its
+# other tests (MoE path, multi-token gate, demo) on the others; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it
+# runs (unset and no dlinfer installed: it skips).
+# The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
+# supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
 # The random schedules / property examples run 80/20 on the last release and 20/10 on the others (they
 # exercise the runners, whose lmdeploy-facing parts every release's other suites cover; tools/soak.py runs any
 # number).
@@ -34,6 +37,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # torch_npu wheels the contract test re-extracts: downloaded once per run, not once per lmdeploy.
 export VENDOR_GRAPH_WHEEL_CACHE=$reports/wheels
 versions=${VENDOR_GRAPH_LMDEPLOY_VERSIONS:-0.16.0 0.17.0 0.18.0}
+mutations_on=${VENDOR_GRAPH_MUTATIONS_ON:-0.17.0}
+case " $versions " in *" $mutations_on "*) ;; *) mutations_on=${versions##* } ;; esac
 if [ -n "${VENDOR_GRAPH_DLINFER_SRC:-}" ]; then  # absolute: tests run children in other folders
   if [ ! -f "$VENDOR_GRAPH_DLINFER_SRC/dlinfer/__init__.py" ]; then
     echo "VENDOR_GRAPH_DLINFER_SRC=$VENDOR_GRAPH_DLINFER_SRC holds no dlinfer/__init__.py: point it at a dlinfer" \
@@ -49,10 +54,17 @@ for version in $versions; do
   start=$SECONDS
   # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
   contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
+  # The mutation checks test the suite itself (each runs its guards in a child pytest): once per run, on the
+  # release every vendor supports (the last one if that release is not in the list).
+  mutations=; [ "$version" = "$mutations_on" ] && mutations=tests/mutations
   # Real-stack generations after the host suites / after the sim suites (balancing the two cores), and
   # where its other tests (MoE path, multi-token gate, demo) run.
   if [ "$version" = "${versions##* }" ]; then
-    real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b} real_sim=G4\ G5 real_rest=
+    if [ -n "$mutations" ]; then  # the host suites carry the mutation checks: G4 G5 go to the other core
+      real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b} real_sim=G4\ G5 real_rest=
+    else
+      real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5} real_sim= real_rest=
+    fi
     schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-80} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
   else
     real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1} real_sim=G5 real_rest=host
@@ -62,7 +74,7 @@ for version in $versions; do
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
   # process, beside the host suites (one core each; each pytest is single-threaded).
   ( "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy \
-      tests/mutations $contract "$@" > "$reports/$version-host.log" 2>&1 && host_rc=0 || host_rc=$?
+      $mutations $contract "$@" > "$reports/$version-host.log" 2>&1 && host_rc=0 || host_rc=$?
     real_stack host "$real_host" "$([ "$real_rest" = host ] && echo all || echo matrix)" "$@" && rc=0 || rc=$?
     [ "$host_rc" = 0 ] && exit "$rc" || exit "$host_rc" ) &
   host=$!
@@ -71,7 +83,7 @@ for version in $versions; do
     || status=1
   if [ -n "$real_sim" ]; then real_stack sim "$real_sim" matrix "$@" || status=1; fi
   wait "$host" || status=1
-  echo "--- host suites (tests/unit tests/lmdeploy tests/mutations $contract):"
+  echo "--- host suites (tests/unit tests/lmdeploy $mutations $contract):"
   cat "$reports/$version-host.log"
   echo "--- real-stack leg (tests/realstack, dlinfer ${VENDOR_GRAPH_DLINFER_SRC:-installed or none}):"
   cat "$reports/$version"-real-*.log
