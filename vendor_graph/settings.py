@@ -240,6 +240,8 @@ TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_VENV", "the virtualenv scripts/setup-env.sh, test.sh and demo.sh use", scope="tooling"),
     Setting("VENDOR_GRAPH_LMDEPLOY_VERSIONS", "the lmdeploy releases scripts/test.sh tests", scope="tooling"),
     Setting("VENDOR_GRAPH_SKIP_OLDEST_TORCH", "1: scripts/test.sh leaves out the oldest-torch leg", scope="tooling"),
+    Setting("VENDOR_GRAPH_MUTATIONS_ON", "the lmdeploy release scripts/test.sh runs the mutation checks with "
+            "(default 0.17.0)", scope="tooling"),
     Setting("VENDOR_GRAPH_OLDEST_VENV", "the virtualenv of the oldest-torch leg", scope="tooling"),
     Setting("VENDOR_GRAPH_OLDEST_TORCH", "the torch release of the oldest-torch leg", scope="tooling"),
     Setting("VENDOR_GRAPH_OLDEST_LMDEPLOY", "the lmdeploy release of the oldest-torch leg", scope="tooling"),
