@@ -16,6 +16,12 @@ patch status (whose methods own lmdeploy's CudaGraphMixin now), the capture size
 they cost, the buffers the vendor binds on this lmdeploy release, and a self-check of those buffers
 run through lmdeploy's mixin.
 
+``plan --from-stats FILE [FILE ...] [--max-graphs N] [--capture-sizes S ...] [--json]``: fit capture sizes
+to the decode steps recorded in stats files (``VENDOR_GRAPH_STATS_FILE``; one per rank, or several runs):
+at most N graphs (default: as many as the recorded run captured) that pad the fewest tokens, holding the
+given sizes, and the padding before and after. Needs neither torch nor lmdeploy and activates nothing.
+``--json`` prints the plan as one JSON object, a file ``VENDOR_GRAPH_CAPTURE_SIZES`` accepts.
+
 A user error (a bad argument or setting, an unsupported lmdeploy, a second vendor) exits with status 2 and
 one line on stderr naming the fix; anything else is a bug and keeps its traceback.
 """
@@ -62,9 +68,10 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
     from . import compat, patching
+    from .planning import PlanError
     from .settings import SettingsError
 
-    return UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError
+    return UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError, PlanError
 
 
 def count_type(flag: str, what: str, default: int | None = None, *, high: int | None = None,
@@ -160,10 +167,72 @@ def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tup
     return sizes, note
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _tokens(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
+def _fitted_rows(weights: dict[int, int], steps: dict[int, int], sizes: list[int]) -> list[dict[str, str]]:
+    rows, low = [], 1
+    for size in sizes:
+        served = [b for b in steps if low <= b <= size]
+        padded = sum(weights.get(b, 0) * (size - b) for b in served)
+        rows.append({"graph batch": str(size), "serves batches": f"{low}-{size}" if low < size else str(size),
+                     "steps served": str(sum(steps[b] for b in served)), "padded tokens": _tokens(padded)})
+        low = size + 1
+    return rows
+
+
+def cmd_plan_from_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from . import planning
+
+    for flag, value in (("--vendor", args.vendor), ("--max-batches", args.max_batches)):
+        if value is not None:
+            raise UsageError(f"{flag} cannot be given with --from-stats: the stats files carry the vendor and "
+                             f"max_batch_size they were recorded with; leave {flag} out")
+    workload = planning.load_workload(args.from_stats)
+    max_graphs = len(workload.capture_sizes) if args.max_graphs is None else args.max_graphs
+    plan = planning.plan_for(workload, max_graphs, args.capture_sizes or ())
+    before = sorted(workload.capture_sizes)
+    if args.json:
+        print(json.dumps({"capture_sizes": plan.capture_sizes, "padded_fraction_before": plan.padded_fraction_before,
+                          "padded_fraction_after": plan.padded_fraction_after,
+                          "padded_tokens_before": plan.padded_tokens_before,
+                          "padded_tokens_after": plan.padded_tokens_after, "max_graphs": plan.max_graphs,
+                          "vendor": workload.vendor, "max_batches": workload.max_batches,
+                          "files": list(workload.files), "notes": list(plan.notes)}, indent=2))
+        return 0
+    print(f"vendor_graph {__version__} plan from stats: vendor {workload.vendor!r}, max_batches "
+          f"{workload.max_batches}")
+    print(f"read {_count(len(workload.files), 'file')} ({workload.decode_steps} decode steps, query lengths "
+          f"{', '.join(map(str, workload.query_lens))}): {', '.join(workload.files)}")
+    required = f", holding {' '.join(map(str, sorted(set(args.capture_sizes))))}" if args.capture_sizes else ""
+    print(f"\nFitted capture sizes: {_count(len(plan.capture_sizes), 'graph')} (at most {plan.max_graphs}{required})")
+    print(_table(_fitted_rows(workload.weights, workload.steps, plan.capture_sizes)))
+    print(f"\npadded tokens: before {_tokens(plan.padded_tokens_before)} ({plan.padded_fraction_before:.1%} of graph "
+          f"tokens, sizes {before}) -> after {_tokens(plan.padded_tokens_after)} "
+          f"({plan.padded_fraction_after:.1%})")
+    for note in plan.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.from_stats:
+        return cmd_plan_from_stats(args)
+    for flag, value in (("--max-graphs", args.max_graphs), ("--json", args.json or None)):
+        if value is not None:
+            raise UsageError(f"{flag} plans from recorded stats: give it with --from-stats FILE (written with "
+                             f"VENDOR_GRAPH_STATS_FILE=FILE while the workload runs)")
     from . import compat, patching
 
-    vendor = args.vendor
+    vendor = args.vendor or "ascend"
+    args.max_batches = args.max_batches or 256
     sizes, sizes_note = plan_sizes(vendor, args.max_batches, args.capture_sizes)
     print(f"vendor_graph {__version__} plan for vendor {vendor!r}")
     version = compat.installed_lmdeploy_version()
@@ -281,14 +350,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vendor-graph", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS)
     sub = parser.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="activate a vendor here and print its capture plan and patch status")
-    plan.add_argument("--vendor", choices=VENDORS, default="ascend")
-    plan.add_argument("--max-batches", default=256, help="lmdeploy's max_batch_size",
+    plan = sub.add_parser("plan", help="activate a vendor here and print its capture plan and patch status, or "
+                                       "fit capture sizes to recorded stats (--from-stats)")
+    plan.add_argument("--vendor", choices=VENDORS, default=None, help="default ascend")
+    plan.add_argument("--max-batches", default=None, help="lmdeploy's max_batch_size (default 256)",
                       type=count_type("--max-batches", "lmdeploy's max_batch_size is at least 1", 256,
                                        high=MAX_BATCHES_LIMIT, why_high=MAX_BATCHES_WHY))
     plan.add_argument("--capture-sizes", nargs="+", default=None,
                       type=count_type("--capture-sizes", "a graph holds at least 1 sequence"),
-                      help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy")
+                      help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy; with --from-stats: "
+                           "sizes the plan must hold")
+    plan.add_argument("--from-stats", nargs="+", default=None, metavar="FILE",
+                      help="fit capture sizes to the decode steps recorded in these stats files "
+                           "(VENDOR_GRAPH_STATS_FILE); activates nothing")
+    plan.add_argument("--max-graphs", default=None,
+                      type=count_type("--max-graphs", "at least one graph (max_batch_size) is captured"),
+                      help="with --from-stats: the most sizes to capture (default: as many as the recorded run)")
+    plan.add_argument("--json", action="store_true",
+                      help="with --from-stats: print the plan as one JSON object (a VENDOR_GRAPH_CAPTURE_SIZES file)")
     plan.set_defaults(handler=cmd_plan)
     paths = sub.add_parser("paths", help="print the torch_npu release -> seq-len update path table (markdown)")
     paths.set_defaults(handler=cmd_paths)

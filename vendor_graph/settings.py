@@ -11,8 +11,10 @@ neither torch nor lmdeploy: the autoload hook reads this module at interpreter s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +149,73 @@ class SourceTree(Kind):
         return root
 
 
+@dataclass(frozen=True)
+class SizeList(Kind):
+    """Graph batch sizes: a list (``1,2,4,8``, ``1 2 4 8`` or ``[1, 2, 4, 8]``) or a file holding one: the JSON
+    of ``vendor-graph plan --json`` (its ``capture_sizes``), a JSON list, or the sizes as text."""
+
+    accepted = ("batch sizes such as 1,2,4,8 (commas, spaces or a JSON list), or a file holding them "
+                "(vendor-graph plan --json output, a JSON list or plain text)")
+    advice = "give positive whole numbers, such as 1,2,4,8,16,32,64, or the path of a vendor-graph plan --json file"
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        if re.fullmatch(r"[\[\]\d\s,]+", text) and re.search(r"\d", text):
+            return self._sizes(text)
+        path = os.path.expanduser(text)
+        if not os.path.isfile(path):
+            raise ValueError(text)
+        with open(path, encoding="utf-8") as f:
+            body = f.read()
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return self._sizes(body)
+        if isinstance(data, dict):
+            data = data.get("capture_sizes")
+        if not isinstance(data, list) or not data or not all(type(v) is int and v >= 1 for v in data):
+            raise ValueError(text)
+        return tuple(data)
+
+    @staticmethod
+    def _sizes(text: str) -> tuple[int, ...]:
+        values = tuple(int(v) for v in re.split(r"[\s,\[\]]+", text) if v)
+        if not values or min(values) < 1:
+            raise ValueError(text)
+        return values
+
+    def show(self, value: Any) -> str:
+        return ",".join(map(str, value))
+
+
+@dataclass(frozen=True)
+class Bytes(Kind):
+    """A byte count (``512MiB``, ``2GiB``, ``1.5G``, ``1048576``), or a word of ``words`` (any case)."""
+
+    words: tuple[str, ...] = ()
+
+    @property
+    def accepted(self) -> str:
+        extra = f", or {'/'.join(self.words)}" if self.words else ""
+        return "a byte count such as 1073741824, 512MiB or 2GiB" + extra
+
+    @property
+    def advice(self) -> str:
+        return "write bytes with an optional unit (KiB, MiB, GiB; K, M, G mean the same)" + (
+            f", or {self.words[0]}" if self.words else "")
+
+    def parse(self, text: str) -> int | str:
+        word = text.lower()
+        if word in self.words:
+            return word
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", word)
+        if match is None:
+            raise ValueError(text)
+        return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
+
+    def show(self, value: Any) -> str:
+        return value if isinstance(value, str) else f"{value} bytes ({value / 2**20:.1f} MiB)"
+
+
 FLAG = Flag()
 
 
@@ -219,6 +288,22 @@ class Settings:
                                             "Ascend: ExternalEvents the graphs may hold", none="no limit")
     seqlen_update: str = _declare(Choice(("auto", "graph-update", "task-update")), "auto",
                                   "Ascend: auto, graph-update or task-update")
+    stats_file: str | None = _declare(Text(), None,
+                                      "PATH: write the graph stats and batch histogram there as JSON (at exit and "
+                                      "every VENDOR_GRAPH_STATS_EVERY minutes); several ranks: PATH.rank<N>",
+                                      none="not written")
+    stats_every: int = _declare(Whole(), 5, "minutes between stats file writes (default 5; 0: only at exit)")
+    capture_sizes: tuple[int, ...] | None = _declare(SizeList(), None,
+                                                     "the graph batch sizes to capture (a list or a file)",
+                                                     none="the vendor's default sizes")
+    plan: str = _declare(Choice(("off", "auto")), "off",
+                         "auto: capture the sizes fitted to the batch histogram of VENDOR_GRAPH_STATS_FILE from the "
+                         "previous run")
+    plan_max_graphs: int | None = _declare(Whole(minimum=1), None, "VENDOR_GRAPH_PLAN=auto: at most N graphs",
+                                           none="as many as the vendor's default sizes")
+    graph_memory: int | str = _declare(Bytes(words=("auto", "off")), "auto",
+                                       "device memory kept out of the KV cache for the graphs: auto (what the stats "
+                                       "file's previous run measured), off, or a byte count")
     dlinfer_src: str | None = _declare(SourceTree("dlinfer"), None,
                                        "the dlinfer source tree the real-stack tests and demo run on the simulator",
                                        none="an installed dlinfer, if any")
@@ -381,6 +466,6 @@ def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
     return out
 
 
-__all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Choice", "Flag", "Kind", "Number", "Problem", "Reading",
-           "Setting", "Settings", "SettingsError", "Text", "Whole", "clear", "current", "declared", "load", "parse",
-           "readings", "variable"]
+__all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Bytes", "Choice", "Flag", "Kind", "Number", "Problem",
+           "Reading", "Setting", "Settings", "SettingsError", "SizeList", "Text", "Whole", "clear", "current",
+           "declared", "load", "parse", "readings", "variable"]

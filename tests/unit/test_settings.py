@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 import os
 import pickle
@@ -424,3 +425,51 @@ def test_the_doctor_exits_1_for_a_value_activation_would_refuse():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "! VENDOR_GRAPH_SHADOW_TOL='nan': expected a finite number >= 0" in proc.stdout
     assert "no problems found" not in proc.stdout
+
+
+@pytest.mark.parametrize(("text", "sizes"), [("1,2,4,8", (1, 2, 4, 8)), (" 8 4  2 ", (8, 4, 2)), ("[3, 5]", (3, 5))])
+def test_capture_sizes_take_a_list_in_any_spelling(text, sizes):
+    assert settings.parse({"VENDOR_GRAPH_CAPTURE_SIZES": text}).capture_sizes == sizes
+
+
+def test_capture_sizes_take_a_plan_file_a_json_list_or_plain_text(tmp_path):
+    plan, listed, plain = tmp_path / "plan.json", tmp_path / "list.json", tmp_path / "sizes.txt"
+    plan.write_text(json.dumps({"capture_sizes": [3, 9, 64], "padded_fraction_after": 0.1}))
+    listed.write_text("[2, 6]")
+    plain.write_text("1 2\n4\n")
+    for path, sizes in ((plan, (3, 9, 64)), (listed, (2, 6)), (plain, (1, 2, 4))):
+        assert settings.parse({"VENDOR_GRAPH_CAPTURE_SIZES": str(path)}).capture_sizes == sizes
+
+
+@pytest.mark.parametrize("text", ["0,2", "-1", "two", "/no/such/plan.json", "1.5,2"])
+def test_bad_capture_sizes_are_an_error_naming_the_fix(text, tmp_path):
+    with pytest.raises(settings.SettingsError, match="VENDOR_GRAPH_CAPTURE_SIZES.*Fix: give positive whole numbers"):
+        settings.parse({"VENDOR_GRAPH_CAPTURE_SIZES": text})
+
+
+def test_a_plan_file_without_sizes_is_an_error(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"capture_sizes": []}))
+    with pytest.raises(settings.SettingsError, match="VENDOR_GRAPH_CAPTURE_SIZES"):
+        settings.parse({"VENDOR_GRAPH_CAPTURE_SIZES": str(path)})
+
+
+@pytest.mark.parametrize(("text", "value"), [("1048576", 2**20), ("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30),
+                                             ("1.5g", int(1.5 * 2**30)), ("64k", 64 * 1024), ("AUTO", "auto"),
+                                             ("off", "off"), ("", "auto")])
+def test_graph_memory_takes_bytes_with_units_or_a_word(text, value):
+    assert settings.parse({"VENDOR_GRAPH_GRAPH_MEMORY": text}).graph_memory == value
+
+
+@pytest.mark.parametrize("text", ["lots", "-5MiB", "3 parsecs", "1e9"])
+def test_bad_graph_memory_is_an_error_naming_the_fix(text):
+    with pytest.raises(settings.SettingsError, match="VENDOR_GRAPH_GRAPH_MEMORY.*Fix: write bytes"):
+        settings.parse({"VENDOR_GRAPH_GRAPH_MEMORY": text})
+
+
+def test_plan_and_stats_settings():
+    parsed = settings.parse({"VENDOR_GRAPH_PLAN": "Auto", "VENDOR_GRAPH_PLAN_MAX_GRAPHS": "5",
+                             "VENDOR_GRAPH_STATS_FILE": "/tmp/s.json", "VENDOR_GRAPH_STATS_EVERY": "0"})
+    assert (parsed.plan, parsed.plan_max_graphs, parsed.stats_file, parsed.stats_every) == ("auto", 5, "/tmp/s.json", 0)
+    with pytest.raises(settings.SettingsError, match="VENDOR_GRAPH_PLAN_MAX_GRAPHS"):
+        settings.parse({"VENDOR_GRAPH_PLAN_MAX_GRAPHS": "0"})

@@ -1,0 +1,445 @@
+"""Capture sizes fitted to a recorded workload: the sizes that pad the fewest tokens.
+
+Graph mode captures one graph per capture size; a decode step of real batch ``b`` replays the smallest
+captured size ``s >= b`` and computes ``s - b`` padded rows per query token. Given how many decode steps
+ran at each real batch size (the stats files the runtime writes, :func:`load_workload`), :func:`fit_sizes`
+chooses at most ``max_graphs`` sizes that minimise those padded tokens, exactly, and :func:`plan_for`
+compares them with the sizes the recorded run captured. ``vendor-graph plan --from-stats`` prints the
+plan; its ``--json`` output is a ``VENDOR_GRAPH_CAPTURE_SIZES`` file.
+
+Pure Python: neither torch nor lmdeploy is imported here. The Ascend event budget in :func:`plan_for`
+reads :mod:`vendor_graph.ascend.limits`, whose package imports torch; where that import fails the plan
+goes uncapped, with a note saying so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import numbers
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+STATS_FORMAT = "vendor_graph.stats/1"
+STATS_VENDORS = ("cuda", "ascend", "camb", "maca")
+REQUIRED_KEYS = ("vendor", "max_batches", "capture_sizes", "batch_histogram")
+_DECIMAL = re.compile(r"[1-9][0-9]*")
+
+
+class PlanError(ValueError):
+    """Stats or planning arguments that cannot give a plan; the message names the fix."""
+
+
+# -- the optimiser -----------------------------------------------------------------------------------------
+
+
+def _size(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PlanError(f"{what} {value!r} is not a whole number; batch sizes are whole numbers of 1 or more")
+    if value < 1:
+        raise PlanError(f"{what} {value} is not positive; batch sizes are whole numbers of 1 or more")
+    return int(value)
+
+
+def _weights(weights: Mapping[Any, Any]) -> tuple[dict[int, int], int]:
+    """``weights`` as whole numbers over a common denominator, so that every sum and comparison is exact."""
+    exact: dict[int, Fraction] = {}
+    for batch, weight in weights.items():
+        batch = _size(batch, "batch")
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise PlanError(f"batch {batch}: weight {weight!r} is not a finite number; give token counts "
+                            f"(decode steps x query length)")
+        if weight < 0:
+            raise PlanError(f"batch {batch}: weight {weight} is negative; give token counts (decode steps x "
+                            f"query length), 0 or more")
+        exact[batch] = Fraction(weight)
+    denominator = math.lcm(*(w.denominator for w in exact.values())) if exact else 1
+    return {b: int(w * denominator) for b, w in exact.items()}, denominator
+
+
+def _check_graphs(max_graphs: Any) -> int:
+    if isinstance(max_graphs, bool) or not isinstance(max_graphs, numbers.Integral):
+        raise PlanError(f"max_graphs {max_graphs!r} is not a whole number; give 1 or more")
+    if max_graphs < 1:
+        raise PlanError(f"max_graphs {max_graphs}: at least one graph (max_batches) is captured; give 1 or more")
+    return int(max_graphs)
+
+
+def fit_sizes(weights: Mapping[int, int | float], max_batches: int, max_graphs: int,
+              required: Iterable[int] = ()) -> list[int]:
+    """The capture sizes, at most ``max_graphs``, that pad the fewest tokens for ``weights``.
+
+    ``weights[b]``: the tokens decoded at real batch ``b`` (steps x query length). The sizes always hold
+    ``max_batches`` and every ``required`` size, and minimise ``sum(weights[b] * (bucket(b) - b))``; among
+    plans that tie, the one with fewer sizes, then the lexicographically smaller one.
+
+    Exact: a dynamic programme over the candidate sizes (batches of positive weight, the required sizes,
+    ``max_batches``). An optimum exists among them: a size that is none of these serves only batches below
+    it; lowered to the largest positive-weight batch it serves it pads strictly less, and one that serves
+    none can be dropped without changing the padding.
+    """
+    exact, _ = _weights(weights)
+    max_batches = _size(max_batches, "max_batches")
+    max_graphs = _check_graphs(max_graphs)
+    required = sorted({_size(s, "required size") for s in required})
+    if not exact or sum(exact.values()) == 0:
+        raise PlanError("the histogram holds no decode steps (total weight 0); record a workload that decodes "
+                        "(run it with VENDOR_GRAPH_STATS_FILE set) and plan from that")
+    above = sorted(b for b in exact if b > max_batches)
+    if above:
+        raise PlanError(f"batch {above[-1]} is above max_batches {max_batches}: the stats were recorded with a "
+                        f"larger max_batch_size; plan with max_batches {above[-1]} or more, or record the workload "
+                        f"again at max_batch_size {max_batches}")
+    too_big = [s for s in required if s > max_batches]
+    if too_big:
+        raise PlanError(f"required size {too_big[-1]} is above max_batches {max_batches}, so it would never be "
+                        f"replayed; give required sizes <= {max_batches}")
+    fixed = sorted(set(required) | {max_batches})
+    if len(fixed) > max_graphs:
+        raise PlanError(f"{len(fixed)} sizes are required ({', '.join(map(str, fixed))}, max_batches included) but "
+                        f"max_graphs is {max_graphs}; allow {len(fixed)} or more graphs, or require fewer sizes")
+    return _fit(exact, fixed, max_graphs)
+
+
+def _fit(weights: Mapping[int, int], fixed: list[int], max_graphs: int) -> list[int]:
+    # Node 0 is a virtual start below every size; node t (1..K) is candidate t-1. layers[k][t]: the fewest
+    # padded tokens above node t with k more sizes, the last of them max_batches (None: impossible).
+    # Rebuilding the plan from the start node, taking the smallest next size that keeps the optimum,
+    # gives the lexicographically smallest plan.
+    candidates = sorted({b for b, w in weights.items() if w > 0} | set(fixed))
+    count = len(candidates)
+    is_fixed = [False] + [c in set(fixed) for c in candidates]
+    size = [0] + candidates
+    tokens, mass = [0] * (count + 1), [0] * (count + 1)
+    for t, c in enumerate(candidates, 1):
+        w = weights.get(c, 0)
+        tokens[t] = tokens[t - 1] + w
+        mass[t] = mass[t - 1] + w * c
+
+    def cost(i: int, j: int) -> int:
+        return size[j] * (tokens[j] - tokens[i]) - (mass[j] - mass[i])
+
+    layers: list[list[Any]] = [[None] * count + [0]]
+    for _ in range(min(max_graphs, count)):
+        layers.append(_layer(layers[-1], size, tokens, mass, is_fixed))
+        if layers[-1][0] == 0:
+            break
+    best = min(v for v in (layer[0] for layer in layers[1:]) if v is not None)
+    k = next(k for k in range(1, len(layers)) if layers[k][0] == best)
+    plan, i = [], 0
+    while k:
+        j = i + 1
+        while not (layers[k - 1][j] is not None and cost(i, j) + layers[k - 1][j] == layers[k][i]):
+            j += 1
+        plan.append(size[j])
+        i, k = j, k - 1
+    return plan
+
+
+def _layer(previous: list[Any], size: list[int], tokens: list[Any], mass: list[Any],
+           is_fixed: list[bool]) -> list[Any]:
+    """One more size: ``out[i] = min over j of cost(i, j) + previous[j]``, for j above i up to the next
+    fixed size, by a monotone lower envelope of the lines ``-size[j] * tokens[i] + intercept_j``."""
+    count = len(size) - 1
+    out: list[Any] = [None] * (count + 1)
+    slopes: list[int] = []
+    intercepts: list[Any] = []
+    head = 0
+    for i in range(count - 1, -1, -1):
+        j = i + 1
+        if is_fixed[j]:  # nothing above a fixed size may serve batches at or below it
+            slopes.clear()
+            intercepts.clear()
+            head = 0
+        if previous[j] is not None:
+            a, b = -size[j], size[j] * tokens[j] - mass[j] + previous[j]
+            while len(slopes) - head >= 2 and (
+                    (b - intercepts[-2]) * (slopes[-2] - slopes[-1])
+                    >= (intercepts[-1] - intercepts[-2]) * (slopes[-2] - a)):
+                slopes.pop()
+                intercepts.pop()
+            slopes.append(a)
+            intercepts.append(b)
+        if len(slopes) == head:
+            continue
+        x = tokens[i]
+        while len(slopes) - head >= 2 and (
+                slopes[head + 1] * x + intercepts[head + 1] <= slopes[head] * x + intercepts[head]):
+            head += 1
+        out[i] = slopes[head] * x + intercepts[head] + mass[i]
+    return out
+
+
+def _sized(sizes: Iterable[int]) -> list[int]:
+    return sorted({_size(s, "capture size") for s in sizes})
+
+
+def _bucket(sizes: list[int], batch: int) -> int:
+    at = bisect.bisect_left(sizes, batch)
+    if at == len(sizes):
+        largest = f"the largest capture size {sizes[-1]}" if sizes else "every capture size (none given)"
+        raise PlanError(f"batch {batch} is above {largest}, so it runs eager; include a size of {batch} or more")
+    return sizes[at]
+
+
+def _padding(weights: Mapping[int, int | float], sizes: Iterable[int]) -> tuple[Fraction, Fraction]:
+    (exact, denominator), sizes = _weights(weights), _sized(sizes)
+    padded = graph = 0
+    for batch, weight in exact.items():
+        bucket = _bucket(sizes, batch)
+        padded += weight * (bucket - batch)
+        graph += weight * bucket
+    return Fraction(padded, denominator), Fraction(graph, denominator)
+
+
+def padded_tokens(weights: Mapping[int, int | float], sizes: Iterable[int]) -> float:
+    """Padded tokens ``sum(weights[b] * (bucket(b) - b))`` when ``sizes`` are captured."""
+    return float(_padding(weights, sizes)[0])
+
+
+def padded_fraction(weights: Mapping[int, int | float], sizes: Iterable[int]) -> float:
+    """Padded tokens over graph tokens (``sum(weights[b] * bucket(b))``); 0.0 when nothing was decoded."""
+    padded, graph = _padding(weights, sizes)
+    return float(padded / graph) if graph else 0.0
+
+
+# -- stats files -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Decode steps recorded in one or more stats files, merged."""
+
+    vendor: str
+    max_batches: int
+    capture_sizes: tuple[int, ...]  # what the recorded run captured
+    steps: dict[int, int]  # real batch -> decode steps
+    weights: dict[int, int]  # real batch -> tokens (steps x query length, summed over query lengths)
+    query_lens: tuple[int, ...] = (1,)
+    num_layers: int = 0
+    files: tuple[str, ...] = ()
+    graph_memory_bytes: int | None = None
+
+    @property
+    def decode_steps(self) -> int:
+        return sum(self.steps.values())
+
+
+def _fail(path: Any, problem: str) -> PlanError:
+    return PlanError(f"{path}: {problem}")
+
+
+def _histogram(path: Any, key: str, value: Any) -> dict[int, int]:
+    fix = "write it with vendor_graph's stats writer (VENDOR_GRAPH_STATS_FILE) or fix it by hand"
+    if not isinstance(value, dict):
+        raise _fail(path, f"{key} is {type(value).__name__}, not an object of batch size -> steps; {fix}")
+    out = {}
+    for batch, steps in value.items():
+        if not isinstance(batch, str) or not _DECIMAL.fullmatch(batch):
+            raise _fail(path, f"{key} key {batch!r} is not a batch size (a decimal string such as \"8\"); {fix}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise _fail(path, f"{key}[{batch!r}] = {steps!r} is not a step count (a whole number, 0 or more); {fix}")
+        out[int(batch)] = steps
+    return out
+
+
+def read_stats(path: str | Path) -> dict:
+    """The stats document at ``path``, checked: PlanError naming the path and the fix when it is not one."""
+    fix = "give a file written by vendor_graph (VENDOR_GRAPH_STATS_FILE=PATH while the workload runs)"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise _fail(path, f"no such file; {fix}") from None
+    except IsADirectoryError:
+        raise _fail(path, f"is a directory; {fix}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"cannot be read ({exc}); {fix}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise _fail(path, f"is not JSON ({exc}); {fix}") from None
+    if not isinstance(doc, dict):
+        raise _fail(path, f"holds a JSON {type(doc).__name__}, not an object; {fix}")
+    if doc.get("format") != STATS_FORMAT:
+        raise _fail(path, f"format is {doc.get('format')!r}, not {STATS_FORMAT!r}: not a vendor_graph stats file "
+                          f"(or one from another version); {fix}")
+    missing = [k for k in REQUIRED_KEYS if k not in doc]
+    if missing:
+        raise _fail(path, f"lacks {', '.join(missing)}; {fix}")
+    if doc["vendor"] not in STATS_VENDORS:
+        raise _fail(path, f"vendor {doc['vendor']!r} is not one of {', '.join(STATS_VENDORS)}; {fix}")
+    max_batches = doc["max_batches"]
+    if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+        raise _fail(path, f"max_batches {max_batches!r} is not a whole number of 1 or more; {fix}")
+    sizes = doc["capture_sizes"]
+    if not isinstance(sizes, list) or not all(type(s) is int and s >= 1 for s in sizes):
+        raise _fail(path, f"capture_sizes {sizes!r} is not a list of whole numbers of 1 or more; {fix}")
+    steps = _histogram(path, "batch_histogram", doc["batch_histogram"])
+    by_query = doc.get("query_len_histogram")
+    if by_query is not None:
+        if not isinstance(by_query, dict):
+            raise _fail(path, f"query_len_histogram is {type(by_query).__name__}, not an object; {fix}")
+        summed: dict[int, int] = {}
+        for q, histogram in by_query.items():
+            if not isinstance(q, str) or not _DECIMAL.fullmatch(q):
+                raise _fail(path, f"query_len_histogram key {q!r} is not a query length (a decimal string); {fix}")
+            for batch, n in _histogram(path, f"query_len_histogram[{q!r}]", histogram).items():
+                summed[batch] = summed.get(batch, 0) + n
+        disagree = sorted(b for b in set(summed) | set(steps) if summed.get(b, 0) != steps.get(b, 0))
+        if disagree:
+            b = disagree[0]
+            raise _fail(path, f"batch {b}: query_len_histogram counts {summed.get(b, 0)} steps, batch_histogram "
+                              f"{steps.get(b, 0)}; the two histograms must agree; {fix}")
+    for key in ("num_layers", "graph_memory_bytes"):
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise _fail(path, f"{key} {value!r} is not a whole number, 0 or more; {fix}")
+    return doc
+
+
+def load_workload(paths: Sequence[str | Path]) -> Workload:
+    """The decode steps of several stats files (one per rank, or several runs), summed.
+
+    They must share vendor, max_batches and capture_sizes; num_layers and graph_memory_bytes are the largest.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if not paths:
+        raise PlanError("no stats files given; give one or more files written with VENDOR_GRAPH_STATS_FILE")
+    steps: dict[int, int] = {}
+    weights: dict[int, int] = {}
+    query_lens: set[int] = set()
+    first: tuple[str, dict] | None = None
+    num_layers, memory = 0, None
+    for path in paths:
+        doc = read_stats(path)
+        if first is None:
+            first = (str(path), doc)
+        else:
+            for key in ("vendor", "max_batches", "capture_sizes"):
+                mine, theirs = doc[key], first[1][key]
+                if key == "capture_sizes":
+                    mine, theirs = sorted(set(mine)), sorted(set(theirs))
+                if mine != theirs:
+                    raise PlanError(f"{first[0]} has {key} {theirs!r} but {path} has {mine!r}; plan "
+                                    f"from files of one deployment (same vendor, max_batch_size and capture "
+                                    f"sizes) at a time")
+        for b, n in doc["batch_histogram"].items():
+            steps[int(b)] = steps.get(int(b), 0) + n
+        by_query = doc.get("query_len_histogram")
+        if by_query is None:
+            by_query = {"1": doc["batch_histogram"]}
+        for q, histogram in by_query.items():
+            for b, n in histogram.items():
+                weights[int(b)] = weights.get(int(b), 0) + n * int(q)
+                if n:
+                    query_lens.add(int(q))
+        num_layers = max(num_layers, doc.get("num_layers") or 0)
+        if doc.get("graph_memory_bytes") is not None:
+            memory = max(memory or 0, doc["graph_memory_bytes"])
+    assert first is not None
+    doc = first[1]
+    return Workload(vendor=doc["vendor"], max_batches=doc["max_batches"],
+                    capture_sizes=tuple(sorted(set(doc["capture_sizes"]))), steps=dict(sorted(steps.items())),
+                    weights=dict(sorted(weights.items())), query_lens=tuple(sorted(query_lens)) or (1,),
+                    num_layers=num_layers, files=tuple(str(p) for p in paths), graph_memory_bytes=memory)
+
+
+# -- plans -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Fitted capture sizes against the recorded ones."""
+
+    capture_sizes: list[int]
+    padded_fraction_before: float
+    padded_fraction_after: float
+    padded_tokens_before: float
+    padded_tokens_after: float
+    max_graphs: int  # the limit the fit ran under (the Ascend event budget may lower what was asked)
+    notes: tuple[str, ...] = ()
+
+
+def _ascend_cap(workload: Workload, event_budget: int | None | str) -> tuple[int | None, str | None]:
+    """The graphs the Ascend ExternalEvent budget allows (None: no limit), and a note."""
+    if event_budget != "env" and event_budget is not None and (
+            isinstance(event_budget, bool) or not isinstance(event_budget, int) or event_budget < 0):
+        raise PlanError(f"event_budget {event_budget!r}: give a number of ExternalEvents (0 or more), None for no "
+                        f"limit, or \"env\"")
+    from . import patching
+
+    try:
+        with patching.quiet_imports():  # reading its limits must not activate the vendor
+            from .ascend import limits
+    except ImportError as exc:
+        return None, (f"the Ascend event budget was not applied: vendor_graph.ascend does not import here ({exc}); "
+                      f"plan where it imports (torch installed) to cap the graphs by it")
+    budget = limits.event_budget() if event_budget == "env" else event_budget
+    if budget is None:
+        return None, None
+    if not workload.num_layers:
+        return None, (f"the stats do not record num_layers, so the Ascend event budget ({budget} ExternalEvents) "
+                      f"was not applied; check the plan against it")
+    per_size = limits.events_per_graph(workload.num_layers) * len(workload.query_lens)
+    graphs = budget // per_size
+    if graphs < 1:
+        raise PlanError(f"the Ascend event budget of {budget} ExternalEvents ({limits.EVENT_BUDGET_ENV}) does not "
+                        f"fit even one size: each needs {per_size} ({workload.num_layers} layers x "
+                        f"{len(workload.query_lens)} query lengths); raise {limits.EVENT_BUDGET_ENV} to "
+                        f"{per_size} or more if the device has the event resources")
+    lens = f" x {len(workload.query_lens)} query lengths" if len(workload.query_lens) > 1 else ""
+    plural = "s" if graphs != 1 else ""
+    return graphs, (f"Ascend event budget allows at most {graphs} graph{plural} for {workload.num_layers} layers "
+                    f"({per_size} ExternalEvents per size: {workload.num_layers} layers{lens}; budget {budget}, "
+                    f"{limits.EVENT_BUDGET_ENV})")
+
+
+def plan_for(workload: Workload, max_graphs: int, required: Iterable[int] = (), *,
+             event_budget: int | None | str = "env") -> Plan:
+    """Fit at most ``max_graphs`` sizes (holding ``required``) to ``workload`` and compare with its recorded sizes.
+
+    On Ascend the ExternalEvent budget caps ``max_graphs`` (``event_budget``: ``"env"`` reads
+    ``VENDOR_GRAPH_NPU_EVENT_BUDGET``; None: no limit; or a number of events).
+    """
+    files = ", ".join(workload.files) or "the workload"
+    if not workload.decode_steps:
+        raise PlanError(f"{files}: no decode steps recorded; run the workload longer (or until it decodes) with "
+                        f"VENDOR_GRAPH_STATS_FILE set, then plan from the new file")
+    max_graphs = _check_graphs(max_graphs)
+    recorded = sorted(workload.capture_sizes)
+    seen = max(workload.steps)
+    if not recorded or seen > recorded[-1]:
+        raise PlanError(f"{files}: batch {seen} is above every recorded capture size {recorded} (those steps ran "
+                        f"eager), so there is no before figure; record the workload with capture sizes up to "
+                        f"max_batches {workload.max_batches}")
+    required = sorted({_size(s, "required size") for s in required})
+    notes = []
+    if workload.vendor == "ascend":
+        cap, note = _ascend_cap(workload, event_budget)
+        if note:
+            notes.append(note)
+        if cap is not None and cap < max_graphs:
+            max_graphs = cap
+            fixed = sorted({workload.max_batches, *required})
+            if len(fixed) > cap:
+                raise PlanError(f"{note}, fewer than the {len(fixed)} sizes required ({', '.join(map(str, fixed))}, "
+                                f"max_batches included); require fewer sizes, or raise the budget if the device has "
+                                f"the event resources")
+    sizes = fit_sizes(workload.weights, workload.max_batches, max_graphs, required)
+    return Plan(capture_sizes=sizes,
+                padded_fraction_before=padded_fraction(workload.weights, recorded),
+                padded_fraction_after=padded_fraction(workload.weights, sizes),
+                padded_tokens_before=padded_tokens(workload.weights, recorded),
+                padded_tokens_after=padded_tokens(workload.weights, sizes),
+                max_graphs=max_graphs, notes=tuple(notes))
+
+
+__all__ = ["STATS_FORMAT", "Plan", "PlanError", "Workload", "fit_sizes", "load_workload", "padded_fraction",
+           "padded_tokens", "plan_for", "read_stats"]
