@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import compat, stats
+from . import capacity, compat, stats
 from .key import GraphKey
 from .step import GraphBackend, StepPolicy
 
@@ -24,7 +24,19 @@ class AdoptedRunner(GraphBackend):
     def _vendor_graph_init(self, vendor: str) -> None:
         self.vendor = vendor
         self.label = f"vendor_graph.{vendor}"
+        cache_config = self.cache_config
+        explicit = getattr(cache_config, capacity.LMDEPLOY_SIZES, None)
+        lmdeploys = compat.cuda_graph_runner_class().get_capture_batch_sizes
+        self.capture_plan = capacity.resolve_capture_plan(
+            vendor, cache_config.max_batches, [] if explicit is not None else lmdeploys(self), explicit,
+            num_layers=getattr(self.model_config, "num_layers", 0) or 0, num_blocks=cache_config.num_gpu_blocks,
+            reserved_bytes=getattr(cache_config, capacity.RESERVED_ATTR, None))
+        self._capture_sizes = list(self.capture_plan.sizes)
         self.policy = StepPolicy(self)
+
+    def get_capture_batch_sizes(self) -> list[int]:
+        """The capture plan's sizes: lmdeploy's warmup captures them and its keys pad to them."""
+        return self._capture_sizes
 
     def __call__(self, **kwargs):
         return self.policy.step(kwargs)
@@ -50,7 +62,7 @@ class AdoptedRunner(GraphBackend):
         return kwargs["attn_metadata"].q_seqlens.size(0) if padding is None else padding
 
     def capture_sizes(self) -> list[int]:
-        return self.get_capture_batch_sizes()
+        return self._capture_sizes
 
     def graph_key(self, kwargs: dict[str, Any]) -> GraphKey:
         self._prepare_inputs(**kwargs)  # lmdeploy's own (block offsets to int32, in place)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import math
 import operator
 import sys
 import types
@@ -674,6 +675,19 @@ class BufferSpec:
             state.fields[f.name] = self._allocate(f, dims, graph_meta, src)
         setattr(graph_meta, _STATE_ATTR, state)
         return {name: st.tensor for name, st in state.fields.items()}
+
+    def device_bytes(self, dims: GraphDims) -> int:
+        """Device bytes one graph's buffers take at ``dims``: what :meth:`make` allocates, less the fields
+        whose size is a source's own (``inputs_embeds``: only with such inputs) and host fields."""
+        sizes = {BATCH: dims.batch, TOKENS: dims.tokens, BLOCKS: dims.blocks, BATCH_PLUS_ONE: dims.batch + 1}
+        total = 0
+        for f in self.fields:
+            if f.placement is Placement.HOST or f.dtype is None or SOURCE in f.shape:
+                continue
+            elements = math.prod(sizes.get(d, d) for d in f.shape)
+            copies = 2 if callable(f.pad) and not f.is_static else 1  # the buffer and its padding content
+            total += copies * elements * torch.empty((), dtype=f.dtype).element_size()
+        return total
 
     def _check_required(self, f: BufferField, graph_meta: Any, src: Any) -> None:
         if src is None and f.source is not None and f.required is not None:

@@ -163,11 +163,74 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
             if env_vendor else "VENDOR_GRAPH_VENDOR unset: workers activate nothing unless the parent imports "
             "vendor_graph.<vendor> or runs under `vendor-graph run --vendor <vendor> -- ...`")
 
+    lines.append("\nCapture sizes and graph memory")
+    for text, problem in capacity_lines():
+        add(text, problem=problem)
+
     lines.append("\nVENDOR_GRAPH_* settings")
     for text, problem in settings_lines(readings):
         add(text, problem=problem)
     lines.append(f"\n{problems} problem(s) found" if problems else "\nno problems found")
     return lines, problems
+
+
+def capacity_lines() -> list[tuple[str, bool]]:
+    """(line, is a problem): which sizes a runner would capture and what is kept out of the KV cache for
+    the graphs, from the settings and the stats file (no lmdeploy config here: lmdeploy's own
+    ``cudagraph_capture_batch_sizes`` is checked against them where a runner is built)."""
+    from . import capacity, planning, stats
+
+    try:
+        current = settings.parse()
+    except settings.SettingsError:
+        return [("not evaluated: a setting is not accepted (see the settings below)", True)]
+    out: list[tuple[str, bool]] = []
+    files = stats.stats_files(current.stats_file) if current.stats_file else []
+    workload = None
+    if current.stats_file:
+        try:
+            workload = planning.load_workload(files) if files else None
+        except planning.PlanError as exc:
+            out.append((f"stats file: {exc}", True))
+        if workload is not None:
+            out.append((f"stats file {current.stats_file}: {len(files)} file(s), {workload.decode_steps} decode steps "
+                        f"of {workload.vendor} at max_batch_size {workload.max_batches}, captured sizes "
+                        f"{list(workload.capture_sizes)}", False))
+        elif not files:
+            out.append((f"stats file {current.stats_file}: not written yet (runners write it at exit and every "
+                        f"{current.stats_every or '-'} minutes)", False))
+    else:
+        out.append((f"no stats file ({capacity.STATS_ENV} unset): batch histograms are not kept", False))
+    if current.capture_sizes is not None:
+        sizes = ", ".join(map(str, current.capture_sizes))
+        out.append((f"capture sizes: {sizes} ({capacity.SIZES_ENV}; max_batch_size is added; lmdeploy's "
+                    f"{capacity.LMDEPLOY_SIZES}, if given, must be the same)", current.plan == "auto"))
+        if current.plan == "auto":
+            out.append((f"{capacity.PLAN_ENV}=auto and {capacity.SIZES_ENV} both given: runners refuse to start; "
+                        f"unset one", True))
+    elif current.plan == "auto":
+        if workload is None:
+            out.append((f"capture sizes: the vendor's default ({capacity.PLAN_ENV}=auto, and no stats to fit yet)",
+                        False))
+        else:
+            try:
+                recorded = len(workload.capture_sizes)
+                plan = planning.plan_for(workload, current.plan_max_graphs or recorded)
+                out.append((f"capture sizes: {plan.capture_sizes} ({capacity.PLAN_ENV}=auto at max_batch_size "
+                            f"{workload.max_batches}): padded tokens {plan.padded_fraction_before:.1%} -> "
+                            f"{plan.padded_fraction_after:.1%}", False))
+            except planning.PlanError as exc:
+                out.append((f"{capacity.PLAN_ENV}=auto: {exc}", True))
+    else:
+        out.append(("capture sizes: the vendor's default, or lmdeploy's cudagraph_capture_batch_sizes", False))
+    try:
+        reserve = capacity.reservation(workload.max_batches if workload is not None else 1, current)
+        out.append((f"graph memory: {reserve.detail}"
+                    + ("" if workload is not None or reserve.source != "stats file" else " (for that max_batch_size)"),
+                    False))
+    except capacity.CapturePlanError as exc:
+        out.append((f"graph memory: {exc}", True))
+    return out
 
 
 def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:

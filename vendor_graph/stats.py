@@ -1,5 +1,6 @@
 """Counters of what graph mode did, and the operator-facing reporting around them (a summary per runner,
-logged once at interpreter exit and on demand, and a capture progress bar).
+logged once at interpreter exit and on demand, a capture progress bar, and the stats file: the batch
+histogram, per-bucket stats and capture plan of every runner, for the next run's plan).
 
 Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.step.StepPolicy`, and any other runner
 (a subclass of lmdeploy's ``CUDAGraphRunner``) can do the same. Per step the cost is a dict lookup and a few
@@ -10,16 +11,22 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import json
 import logging
+import os
 import sys
+import tempfile
 import threading
 import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import settings
+from .planning import STATS_FORMAT
 
 logger = logging.getLogger("vendor_graph")
 
@@ -50,6 +57,12 @@ class GraphStats:
 
     buckets: dict[int, BucketStats] = field(default_factory=dict)
     eager_steps: Counter = field(default_factory=Counter)
+    # (real batch, query length) -> decode steps that reached graph mode's decision, whatever it was.
+    histogram: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def decoded(self, batch: int, query_len: int) -> None:
+        key = (batch, query_len)
+        self.histogram[key] = self.histogram.get(key, 0) + 1
 
     def bucket(self, padded_batch: int) -> BucketStats:
         stats = self.buckets.get(padded_batch)
@@ -93,7 +106,37 @@ class GraphStats:
         return sum(b.captures for b in self.buckets.values())
 
     def empty(self) -> bool:
-        return not self.buckets and not self.eager_steps
+        return not self.buckets and not self.eager_steps and not self.histogram
+
+    @property
+    def decode_steps(self) -> int:
+        return sum(self.histogram.values())
+
+    def batch_histogram(self) -> dict[int, int]:
+        """Real batch -> decode steps, over every query length."""
+        out: dict[int, int] = {}
+        for (batch, _), steps in list(self.histogram.items()):
+            out[batch] = out.get(batch, 0) + steps
+        return dict(sorted(out.items()))
+
+    def query_len_histogram(self) -> dict[int, dict[int, int]]:
+        """Query length -> real batch -> decode steps."""
+        out: dict[int, dict[int, int]] = {}
+        for (batch, query_len), steps in sorted(list(self.histogram.items()), key=lambda kv: (kv[0][1], kv[0][0])):
+            out.setdefault(query_len, {})[batch] = steps
+        return out
+
+    @property
+    def padded_fraction(self) -> float:
+        """Padding tokens over graph tokens, across every replay."""
+        graph = sum(b.padded_tokens for b in self.buckets.values())
+        return 0.0 if not graph else 1 - sum(b.real_tokens for b in self.buckets.values()) / graph
+
+    @property
+    def graph_memory(self) -> int | None:
+        """Device memory the captures took (allocator growth around each), None where never measured."""
+        known = [b.capture_bytes for b in self.buckets.values() if b.capture_bytes is not None]
+        return sum(known) if known else None
 
     def progress(self, total: int, stream: Any = None) -> CaptureProgress:
         return CaptureProgress(total, stream=stream)
@@ -203,9 +246,11 @@ _REPORTED = False
 
 
 def register(runner: Any) -> None:
-    """Count ``runner`` (it has ``label`` and ``stats``) among :func:`live_runners`."""
+    """Count ``runner`` (it has ``label`` and ``stats``) among :func:`live_runners`; the first runner of a
+    process with ``VENDOR_GRAPH_STATS_FILE`` set starts the periodic stats file writer."""
     with _LOCK:
         _RUNNERS.add(runner)
+    _writer.start()
 
 
 def live_runners() -> list[Any]:
@@ -229,11 +274,170 @@ def log_summaries(reason: str = "on demand") -> str:
     return text
 
 
+# -- the stats file: what the runners saw, kept for the next run's plan -------------------------------
+
+FORMAT = STATS_FORMAT
+STATS_FILE_ENV = settings.variable("stats_file")
+
+
+def _keyed(mapping: dict[int, Any]) -> dict[str, Any]:
+    return {str(k): v for k, v in sorted(mapping.items())}
+
+
+def runner_document(runner: Any) -> dict[str, Any]:
+    """One runner's part of the stats file: its capture plan, the batch histogram and per-bucket stats."""
+    graph_stats: GraphStats = runner.stats
+    plan = getattr(runner, "capture_plan", None)
+    histogram = dict(graph_stats.histogram)
+    for key, steps in (getattr(plan, "carried", None) or {}).items():
+        histogram[key] = histogram.get(key, 0) + steps
+    merged = GraphStats(histogram=histogram)
+    return {
+        "vendor": getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
+        "max_batches": getattr(plan, "max_batches", None) or max(runner.capture_sizes()),
+        "capture_sizes": list(runner.capture_sizes()),
+        "capture_source": getattr(plan, "source", "default"),
+        "num_layers": getattr(plan, "num_layers", 0),
+        "num_gpu_blocks": getattr(plan, "num_blocks", 0),
+        "batch_histogram": _keyed(merged.batch_histogram()),
+        "query_len_histogram": {str(q): _keyed(h) for q, h in merged.query_len_histogram().items()},
+        "decode_steps": merged.decode_steps,
+        "carried_steps": merged.decode_steps - graph_stats.decode_steps,
+        "replays": graph_stats.replays,
+        "captures": graph_stats.captures,
+        "padded_fraction": graph_stats.padded_fraction,
+        "graph_memory_bytes": graph_stats.graph_memory,
+        "reserved_graph_memory_bytes": getattr(plan, "reserved_bytes", None),
+        "buckets": {str(size): {**dataclasses.asdict(b), "padding_waste": b.padding_waste}
+                    for size, b in sorted(graph_stats.buckets.items())},
+        "eager_steps": dict(graph_stats.eager_steps.most_common()),
+    }
+
+
+def _rank() -> tuple[int, int]:
+    """(rank, world size) of this process: torch.distributed's when initialised, else RANK / WORLD_SIZE."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a report, never a failure
+        pass
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def rank_path(base: str | os.PathLike, rank: int, world_size: int) -> Path:
+    """Where rank ``rank`` writes: ``base`` itself for one rank, ``<stem>.rank<N><suffix>`` for several."""
+    base = Path(base).expanduser()
+    if world_size <= 1:
+        return base
+    return base.with_name(f"{base.stem}.rank{rank}{base.suffix}")
+
+
+def stats_files(base: str | os.PathLike) -> list[Path]:
+    """Every stats file written for ``base``: itself and its per-rank files, those that exist."""
+    base = Path(base).expanduser()
+    found = [base] if base.is_file() else []
+    found += sorted(base.parent.glob(f"{base.stem}.rank*{base.suffix}")) if base.parent.is_dir() else []
+    return found
+
+
+def document(reason: str) -> dict[str, Any] | None:
+    """The stats file's document for every live runner (None when there is none): the top level is the
+    runner with the most decode steps, and ``runners`` lists each when there are several."""
+    runners = [r for r in live_runners() if getattr(r, "stats", None) is not None]
+    if not runners:
+        return None
+    parts = [runner_document(r) for r in runners]
+    parts.sort(key=lambda d: -d["decode_steps"])
+    rank, world_size = _rank()
+    doc = {"format": FORMAT, "rank": rank, "world_size": world_size, "pid": os.getpid(),
+           "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason, **parts[0]}
+    if len(parts) > 1:
+        doc["runners"] = parts
+    return doc
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_stats_file(reason: str = "on demand", path: str | os.PathLike | None = None) -> str | None:
+    """Write the stats document of this process to ``path`` (default: ``VENDOR_GRAPH_STATS_FILE``, per rank);
+    returns the path written, None when there is no path or no runner."""
+    base = path if path is not None else settings.current().stats_file
+    if not base:
+        return None
+    doc = document(reason)
+    if doc is None:
+        return None
+    target = rank_path(base, doc["rank"], doc["world_size"]) if path is None else Path(path)
+    write_atomic(target, json.dumps(doc, indent=1) + "\n")
+    return str(target)
+
+
+class _StatsWriter:
+    """Writes the stats file every ``VENDOR_GRAPH_STATS_EVERY`` minutes (a daemon thread) and at exit."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.warned = False
+
+    def start(self) -> None:
+        current = settings.current()
+        if not current.stats_file:
+            return
+        parent = Path(current.stats_file).expanduser().parent
+        if not parent.is_dir():
+            raise ValueError(f"{STATS_FILE_ENV}={current.stats_file}: directory {parent} does not exist; create it "
+                             f"or point {STATS_FILE_ENV} at a file in an existing directory")
+        if self.thread is not None or not current.stats_every:
+            return
+        self.thread = threading.Thread(target=self._loop, args=(current.stats_every * 60.0,),
+                                       name="vendor_graph-stats", daemon=True)
+        self.thread.start()
+
+    def _loop(self, seconds: float) -> None:
+        while not self.stop.wait(seconds):
+            self.write("periodic")
+
+    def write(self, reason: str) -> None:
+        try:
+            path = write_stats_file(reason)
+        except Exception as exc:  # noqa: BLE001 - the writer must never take serving down
+            if not self.warned:
+                self.warned = True
+                logger.warning("vendor_graph: could not write the stats file (%s): %s", STATS_FILE_ENV, exc)
+            return
+        if path is not None:
+            logger.debug("vendor_graph: stats written to %s (%s)", path, reason)
+
+
+_writer = _StatsWriter()
+
+
 def _at_exit() -> None:
     global _REPORTED
     if _REPORTED:
         return
     _REPORTED = True
+    _writer.stop.set()
+    with contextlib.suppress(Exception):
+        _writer.write("exit")
     with contextlib.suppress(Exception):  # logging may already be torn down
         log_summaries("at shutdown")
 

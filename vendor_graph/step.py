@@ -129,6 +129,7 @@ class StepPolicy:
             return backend.forward_skipped(reason, kwargs)
         wanted, largest = backend.wanted_batch(kwargs), backend.capture_sizes()[-1]
         if wanted > largest:
+            self.stats.decoded(wanted, max(1, kwargs["input_ids"].size(-1) // wanted))
             if not self._warned_oversize:
                 self._warned_oversize = True
                 logger.warning("%s: a batch of %d is above the largest captured size %d and ran eager (every such "
@@ -136,6 +137,7 @@ class StepPolicy:
                                "to capture it", backend.label, wanted, largest)
             return self.eager(OVERSIZE, kwargs)
         key = backend.graph_key(kwargs)
+        self.stats.decoded(wanted, key.query_len)
         reason = self.eager_reasons.get(key)
         if reason is not None:
             return self.eager(reason, kwargs)
@@ -167,13 +169,13 @@ class StepPolicy:
             self.guard.forget(key)
 
     def reset(self) -> None:
-        """Forget every graph, eager decision and count (the runner's own ``reset``)."""
+        """Forget every graph, eager decision and count but the batch histogram (the runner's own ``reset``)."""
         self.release(None)
         self.eager_reasons.clear()
         self._end_progress()
         if not self.stats.empty():
             logger.debug("%s: graph stats before reset:\n%s", self.backend.label, self.stats.summary())
-        self.stats = GraphStats()
+        self.stats = GraphStats(histogram=self.stats.histogram)  # the workload seen outlives the graphs
 
     def _end_progress(self) -> None:
         if self._progress is not None:

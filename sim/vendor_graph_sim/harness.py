@@ -234,7 +234,7 @@ REAL_TOLERANCE = (1e-5, 1e-6)  # (rtol, atol) on float32 hidden states and KV by
 
 def run(vendor: str, seed: int, *, generation: str | None = None, attention: str = "fia", steps: int = 64,
         num_seqs: int = 20, max_batches: int | None = None, query_len: int = 1,
-        backend: str = "sim") -> SideBySide:
+        backend: str = "sim", capture_sizes: list[int] | None = None) -> SideBySide:
     """One seeded schedule of ``steps`` decode steps, eager and graph side by side.
 
     ``backend="sim"``: Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run
@@ -245,6 +245,7 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     within :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
     ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
     see :class:`~vendor_graph_sim.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
+    ``capture_sizes``: lmdeploy's ``cudagraph_capture_batch_sizes``.
     """
     import vendor_graph
 
@@ -263,7 +264,7 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
         streams = torch.npu if vendor == "ascend" else torch.cuda
         with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
             model = tm.TinyDecoder(vendor, ascend_attention=attention, device=device)
-            configs = lmdeploy_configs(vendor, model, max_batches or num_seqs, query_len=query_len)
+            configs = lmdeploy_configs(vendor, model, max_batches or num_seqs, capture_sizes, query_len=query_len)
             with step_manager(vendor, configs.model_config, query_len=query_len) as mgr:
                 texts = prompts(num_seqs, seed)
                 pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr, device),

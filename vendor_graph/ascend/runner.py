@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .. import buckets, stats, switches
+from .. import buckets, capacity, stats, switches
 from ..key import GraphKey
 from ..step import CaptureFailed, GraphBackend, StepPolicy
 from . import hook, limits
@@ -73,8 +73,12 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         super().__init__(model, model_config, cache_config, backend_config, device)
         self.num_blocks = cache_config.num_gpu_blocks
         self.max_batches = cache_config.max_batches
-        self._sizes = buckets.capture_sizes(ascend_capture_sizes, cache_config.max_batches,
-                                            getattr(cache_config, "cudagraph_capture_batch_sizes", None))
+        self.capture_plan = capacity.resolve_capture_plan(
+            "ascend", cache_config.max_batches, ascend_capture_sizes(cache_config.max_batches),
+            getattr(cache_config, "cudagraph_capture_batch_sizes", None),
+            num_layers=getattr(model_config, "num_layers", 0) or 0, num_blocks=cache_config.num_gpu_blocks,
+            reserved_bytes=getattr(cache_config, capacity.RESERVED_ATTR, None))
+        self._sizes = list(self.capture_plan.sizes)
         self.enable_graph = _false if backend_config.eager_mode else getattr(model, "support_cuda_graph", _false)
         self._off_reason = "graph mode off for this model or step"
         if switches.disabled():

@@ -1,0 +1,346 @@
+"""Graphs sized to the workload and to the memory: which batch sizes a runner captures, and the device
+memory kept out of lmdeploy's KV cache for the graphs.
+
+Capture sizes, in order of precedence (:func:`resolve_capture_plan`, run where a runner is built):
+
+1. Explicit sizes: lmdeploy's ``cudagraph_capture_batch_sizes`` and ``VENDOR_GRAPH_CAPTURE_SIZES``. Both
+   given: they must be the same sizes once normalised as lmdeploy does (sorted, repeats removed, sizes
+   above ``max_batch_size`` dropped, ``max_batch_size`` added), else :class:`CapturePlanError`.
+2. ``VENDOR_GRAPH_PLAN=auto``: the sizes that minimise padded tokens for the batch histogram the previous
+   run wrote to ``VENDOR_GRAPH_STATS_FILE`` (every rank's file merged, so every rank fits the same plan),
+   at most ``VENDOR_GRAPH_PLAN_MAX_GRAPHS`` graphs (default: as many as the vendor's default sizes).
+   With explicit sizes as well it is a :class:`CapturePlanError`. No file yet (a first run): the
+   default sizes, said in the log; this run's histogram is then written for the next.
+3. The vendor's default sizes.
+
+Graph memory (:func:`reservation`, run by lmdeploy's executor, which sizes the KV cache before any graph
+exists: ``_reserve_runtime_mem`` in 0.16-0.18, wrapped by :func:`install`): ``VENDOR_GRAPH_GRAPH_MEMORY``
+bytes, or with ``auto`` (the default) what the previous run's captures took (``graph_memory_bytes`` of
+its stats file: the allocator's growth around each capture) scaled to this ``max_batch_size`` and given
+:data:`MARGIN`; nothing without a stats file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import buckets, patching, settings
+
+logger = logging.getLogger("vendor_graph")
+
+SIZES_ENV = settings.variable("capture_sizes")
+PLAN_ENV = settings.variable("plan")
+MAX_GRAPHS_ENV = settings.variable("plan_max_graphs")
+STATS_ENV = settings.variable("stats_file")
+MEMORY_ENV = settings.variable("graph_memory")
+LMDEPLOY_SIZES = "cudagraph_capture_batch_sizes"
+
+DEFAULT, EXPLICIT_LMDEPLOY, EXPLICIT_ENV, AUTO = "default", LMDEPLOY_SIZES, SIZES_ENV, f"{PLAN_ENV}=auto"
+# Kept on top of what the previous run's captures took: allocator block rounding, a pool's fragmentation
+# and a workload whose largest graph was captured with shorter sequences.
+MARGIN = 1.25
+
+EXECUTOR_MODULE = "lmdeploy.pytorch.engine.executor.base"
+EXECUTOR_CLASS = "ExecutorBase"
+
+
+class _Quiet:
+    def info(self, *args: Any) -> None:
+        pass
+
+    warning = info
+
+
+class CapturePlanError(ValueError):
+    """Capture-size settings that contradict each other, or a stats file a plan cannot be made from."""
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """The sizes a runner captures and where they came from (the stats file records both)."""
+
+    sizes: tuple[int, ...]
+    source: str  # DEFAULT, EXPLICIT_LMDEPLOY, EXPLICIT_ENV or AUTO
+    max_batches: int
+    num_layers: int = 0
+    num_blocks: int = 0  # KV-cache blocks: the block table columns of every graph
+    # (batch, query length) -> steps read from the previous run's stats file: written again with this run's.
+    carried: dict[tuple[int, int], int] = field(default_factory=dict)
+    reserved_bytes: int | None = None
+    note: str | None = None
+
+
+def _normalised(sizes: Sequence[int], max_batches: int, where: str) -> tuple[int, ...]:
+    try:
+        return tuple(buckets.explicit_capture_sizes(sizes, max_batches))
+    except ValueError as exc:
+        raise CapturePlanError(f"{where}: {exc}") from None
+
+
+def resolve_capture_plan(vendor: str, max_batches: int, default_sizes: Sequence[int],
+                         lmdeploy_sizes: Sequence[int] | None, *, num_layers: int = 0, num_blocks: int = 0,
+                         reserved_bytes: int | None = None, current: settings.Settings | None = None,
+                         quiet: bool = False) -> CapturePlan:
+    """The capture plan of a runner of ``vendor`` (see the module docstring for the precedence);
+    ``quiet``: log nothing (the executor's look ahead at what its runners will capture)."""
+    current = current or settings.current()
+    max_batches = buckets.check_max_batches(max_batches)
+    reserved = reserved_bytes
+    explicit: list[tuple[str, tuple[int, ...]]] = []
+    if lmdeploy_sizes is not None:
+        explicit.append((EXPLICIT_LMDEPLOY, _normalised(lmdeploy_sizes, max_batches, LMDEPLOY_SIZES)))
+    if current.capture_sizes is not None:
+        explicit.append((EXPLICIT_ENV, _normalised(current.capture_sizes, max_batches, SIZES_ENV)))
+    if current.plan == "auto" and explicit:
+        raise CapturePlanError(
+            f"{PLAN_ENV}=auto fits the capture sizes to the stats file, but {explicit[0][0]} also gives them "
+            f"({list(explicit[0][1])}); unset one. To keep some sizes in a fitted plan, run vendor-graph plan "
+            f"--from-stats FILE --capture-sizes ... --json > plan.json and set {SIZES_ENV}=plan.json")
+    if len(explicit) == 2 and explicit[0][1] != explicit[1][1]:
+        raise CapturePlanError(
+            f"{LMDEPLOY_SIZES} {list(explicit[0][1])} and {SIZES_ENV} {list(explicit[1][1])} (both normalised to "
+            f"max_batch_size {max_batches}) differ; give the sizes in one place, or the same sizes in both")
+    if explicit:
+        source, sizes = explicit[-1] if len(explicit) == 1 else explicit[0]
+        return CapturePlan(sizes, source, max_batches, num_layers=num_layers, num_blocks=num_blocks,
+                           reserved_bytes=reserved)
+    default = tuple(default_sizes)
+    if current.plan != "auto":
+        return CapturePlan(default, DEFAULT, max_batches, num_layers=num_layers, num_blocks=num_blocks,
+                           reserved_bytes=reserved)
+    plan = _auto_plan(vendor, max_batches, default, num_layers, reserved, current, quiet)
+    return dataclasses.replace(plan, num_blocks=num_blocks)
+
+
+def _auto_plan(vendor: str, max_batches: int, default: tuple[int, ...], num_layers: int, reserved: int | None,
+               current: settings.Settings, quiet: bool) -> CapturePlan:
+    from . import planning, stats
+
+    label = f"vendor_graph.{vendor}"
+    log = _Quiet() if quiet else logger
+    if not current.stats_file:
+        raise CapturePlanError(f"{PLAN_ENV}=auto needs {STATS_ENV}=PATH: the file the previous run wrote its batch "
+                               f"histogram to (and this run writes to)")
+    files = stats.stats_files(current.stats_file)
+    if not files:
+        note = (f"{PLAN_ENV}=auto: no stats file at {current.stats_file} yet (a first run): capturing the default "
+                f"sizes {list(default)}; this run's batch histogram is written there for the next")
+        log.info("%s: %s", label, note)
+        return CapturePlan(default, DEFAULT, max_batches, num_layers=num_layers, reserved_bytes=reserved, note=note)
+    try:
+        workload = planning.load_workload(files)
+    except planning.PlanError as exc:
+        raise CapturePlanError(f"{PLAN_ENV}=auto: {exc}") from None
+    if workload.vendor != vendor or workload.max_batches != max_batches:
+        note = (f"{PLAN_ENV}=auto: {', '.join(map(str, files))} was recorded for vendor {workload.vendor} with "
+                f"max_batch_size {workload.max_batches}, not {vendor} with {max_batches}: capturing the default "
+                f"sizes; this run's histogram replaces it")
+        log.warning("%s: %s", label, note)
+        return CapturePlan(default, DEFAULT, max_batches, num_layers=num_layers, reserved_bytes=reserved, note=note)
+    if not workload.decode_steps:
+        note = (f"{PLAN_ENV}=auto: {', '.join(map(str, files))} records no decode steps: capturing the default "
+                f"sizes {list(default)}")
+        log.warning("%s: %s", label, note)
+        return CapturePlan(default, DEFAULT, max_batches, num_layers=num_layers, reserved_bytes=reserved, note=note)
+    max_graphs = current.plan_max_graphs or len(default)
+    try:
+        plan = planning.plan_for(workload, max_graphs)
+    except planning.PlanError as exc:
+        raise CapturePlanError(f"{PLAN_ENV}=auto: {exc}") from None
+    carried = {}
+    for path in files:
+        doc = planning.read_stats(path)
+        for query_len, hist in (doc.get("query_len_histogram") or {"1": doc["batch_histogram"]}).items():
+            for batch, steps in hist.items():
+                key = (int(batch), int(query_len))
+                carried[key] = carried.get(key, 0) + int(steps)
+    steps = sum(workload.steps.values())
+    note = (f"{PLAN_ENV}=auto: capture sizes {plan.capture_sizes} fitted to {steps} decode steps in "
+            f"{', '.join(map(str, files))} (at most {plan.max_graphs} graphs): padded tokens "
+            f"{plan.padded_fraction_before:.1%} with the recorded sizes {list(workload.capture_sizes)} -> "
+            f"{plan.padded_fraction_after:.1%}")
+    log.warning("%s: %s", label, note)
+    return CapturePlan(tuple(plan.capture_sizes), AUTO, max_batches, num_layers=num_layers or workload.num_layers,
+                       carried=carried, reserved_bytes=reserved, note=note)
+
+
+# -- graph memory kept out of the KV cache ----------------------------------------------------------------
+
+# Set by the executor on lmdeploy's CacheConfig, which it sends to every worker: what it kept out of the cache.
+RESERVED_ATTR = "vendor_graph_reserved_bytes"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    bytes: int
+    source: str  # "off", "VENDOR_GRAPH_GRAPH_MEMORY", "stats file", "none"
+    detail: str
+
+
+def _buffer_bytes(spec: Any, sizes: Sequence[int], num_blocks: int, query_len: int) -> int:
+    from .buffers import GraphDims
+
+    return sum(spec.device_bytes(GraphDims(s, s * query_len, num_blocks, query_len)) for s in sizes)
+
+
+def _spec(vendor: str | None) -> Any:
+    """The vendor's buffer spec on this lmdeploy, None where it cannot be had (no lmdeploy here)."""
+    profile = _profile(vendor) if vendor is not None else None
+    try:
+        return profile.spec if profile is not None else None
+    except Exception:  # noqa: BLE001 - the estimate then goes without the buffer model
+        return None
+
+
+def _profile(vendor: str) -> Any:
+    import importlib
+
+    try:
+        with patching.quiet_imports():
+            return importlib.import_module(f"vendor_graph.{vendor}").PROFILE
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def reservation(max_batches: int, current: settings.Settings | None = None, *, vendor: str | None = None,
+                sizes: Sequence[int] | None = None, num_blocks: int | None = None) -> Reservation:
+    """The device memory to keep out of the KV cache for the graphs of a runner of ``max_batches``.
+
+    ``auto`` takes the previous run's ``graph_memory_bytes`` apart: the graph buffers its captured sizes
+    held (the vendor's buffer spec at its ``num_gpu_blocks``; the block table grows with the cache) and the
+    rest (the pool's activations), scaled up with ``max_batches``. It then adds the buffers of ``sizes`` at
+    ``num_blocks`` (this run's plan and cache), and :data:`MARGIN` on the whole."""
+    current = current or settings.current()
+    value = current.graph_memory
+    if value == "off":
+        return Reservation(0, "off", f"{MEMORY_ENV}=off: nothing reserved for the graphs")
+    if isinstance(value, int):
+        return Reservation(value, MEMORY_ENV, f"{MEMORY_ENV}={value} ({value / 2**20:.1f} MiB)")
+    if not current.stats_file:
+        return Reservation(0, "none", f"nothing reserved for the graphs: no {STATS_ENV} to learn their size from "
+                                      f"(set it, or {MEMORY_ENV}=BYTES)")
+    from . import planning, stats
+
+    files = stats.stats_files(current.stats_file)
+    recorded = []
+    for path in files:
+        try:
+            doc = planning.read_stats(path)
+        except planning.PlanError as exc:
+            raise CapturePlanError(f"{MEMORY_ENV}=auto: {exc}") from None
+        if doc.get("graph_memory_bytes"):
+            recorded.append((int(doc["graph_memory_bytes"]), str(path), doc))
+    if not recorded:
+        where = ", ".join(map(str, files)) or f"{current.stats_file} (not written yet)"
+        return Reservation(0, "none", f"nothing reserved for the graphs: {where} records no graph memory (a first "
+                                      f"run, or captures whose memory could not be measured)")
+    measured, path, doc = max(recorded, key=lambda r: r[0])
+    spec = _spec(vendor or doc.get("vendor"))
+    query_len = max((int(q) for q in doc.get("query_len_histogram") or {"1": 0}), default=1)
+    captured = [int(b) for b, st in (doc.get("buckets") or {}).items() if st.get("captures")] or doc["capture_sizes"]
+    then_blocks = int(doc.get("num_gpu_blocks") or 0)
+    buffers_then = _buffer_bytes(spec, captured, then_blocks, query_len) if spec is not None and then_blocks else 0
+    other = max(0, measured - buffers_then)
+    scale = max(1.0, max_batches / int(doc["max_batches"]))
+    if spec is not None and sizes and num_blocks:
+        buffers_now = _buffer_bytes(spec, sizes, num_blocks, query_len)
+        how = (f"{other / 2**20:.1f} MiB of pool measured in {path}"
+               + (f" x{scale:.2f} for max_batch_size {max_batches}" if scale > 1 else "")
+               + f", plus {buffers_now / 2**20:.1f} MiB of buffers for {len(sizes)} graphs at {num_blocks} KV blocks")
+    else:
+        buffers_now = int(buffers_then * scale)
+        how = f"{measured / 2**20:.1f} MiB measured in {path}" + (
+            f", x{scale:.2f} for max_batch_size {max_batches}" if scale > 1 else "")
+    total = int((other * scale + buffers_now) * MARGIN)
+    return Reservation(total, "stats file", f"{total / 2**20:.1f} MiB reserved for the graphs: {how}, x{MARGIN} "
+                                            f"margin")
+
+
+def _block_bytes(cache_plan: Any) -> int:
+    """Bytes of one KV block from ``_reserve_runtime_mem``'s second argument (0.16/0.17: one size with
+    ``total``; 0.18: a list of them, one per rank)."""
+    plans = cache_plan if isinstance(cache_plan, (list, tuple)) and not hasattr(cache_plan, "total") else [cache_plan]
+    return max(int(getattr(p, "total", p) or 0) for p in plans) if plans else 0
+
+
+def planned_blocks(cache_config: Any, free: Sequence[int], cache_plan: Any) -> int:
+    """The KV blocks lmdeploy will make from ``free`` (at most: the reservation only lowers it)."""
+    if getattr(cache_config, "num_gpu_blocks", 0):
+        return int(cache_config.num_gpu_blocks)
+    block = _block_bytes(cache_plan)
+    return max(0, int(max(free) * cache_config.cache_max_entry_count) // block) if block else 0
+
+
+def wrap_reserve_runtime_mem(original: Callable) -> Callable:
+    """lmdeploy's ``ExecutorBase._reserve_runtime_mem``, then the graphs' reservation taken from every rank's
+    free memory before the KV cache is sized from it (and recorded on the cache config the workers get)."""
+    if getattr(original, "_vendor_graph_capacity", False):
+        return original
+
+    @functools.wraps(original)
+    def _reserve_runtime_mem(self, free_mems, cache_plan, *args, **kwargs):
+        free = original(self, free_mems, cache_plan, *args, **kwargs)
+        cache_config = self.cache_config
+        if getattr(getattr(self, "backend_config", None), "eager_mode", False):
+            setattr(cache_config, RESERVED_ATTR, 0)
+            return free
+        activation = patching.active()
+        vendor = activation.vendor if activation is not None else None
+        sizes = None
+        if vendor is not None:
+            profile = _profile(vendor)
+            default = profile.capture_sizes(cache_config.max_batches) if profile is not None else ()
+            try:
+                sizes = resolve_capture_plan(vendor, cache_config.max_batches, default,
+                                             getattr(cache_config, LMDEPLOY_SIZES, None), quiet=True).sizes
+            except CapturePlanError:
+                sizes = None  # the runner raises it where it is built
+        res = reservation(cache_config.max_batches, vendor=vendor, sizes=sizes,
+                          num_blocks=planned_blocks(cache_config, free, cache_plan))
+        setattr(cache_config, RESERVED_ATTR, res.bytes)
+        if not res.bytes:
+            logger.info("vendor_graph: %s", res.detail)
+            return free
+        if min(free) - res.bytes <= 0:
+            raise CapturePlanError(
+                f"the graphs' reservation of {res.bytes / 2**20:.1f} MiB ({res.detail}) is more than the "
+                f"{min(free) / 2**20:.1f} MiB left for the KV cache; lower {MEMORY_ENV}, max_batch_size or the "
+                f"number of capture sizes")
+        logger.warning("vendor_graph: %s, taken from the memory the KV cache is sized from", res.detail)
+        return [f - res.bytes for f in free]
+
+    _reserve_runtime_mem._vendor_graph_capacity = True
+    _reserve_runtime_mem.__module__ = __name__
+    return _reserve_runtime_mem
+
+
+def install(activation: patching.Activation | None = None) -> bool:
+    """Wrap lmdeploy's ``ExecutorBase._reserve_runtime_mem`` (now, or when its module is imported)."""
+    activation = activation or patching.active()
+    if activation is None:
+        return False
+
+    def patch(module: Any) -> None:
+        executor = getattr(module, EXECUTOR_CLASS, None)
+        original = getattr(executor, "_reserve_runtime_mem", None) if executor is not None else None
+        if original is None:
+            logger.warning("vendor_graph: this lmdeploy's %s has no _reserve_runtime_mem: no graph memory is kept "
+                           "out of the KV cache; lower cache_max_entry_count to leave room for the graphs",
+                           EXECUTOR_CLASS)
+            return
+        if getattr(original, "_vendor_graph_capacity", False):
+            return
+        activation.add(patching.Patch(executor, "_reserve_runtime_mem", wrap_reserve_runtime_mem(original)))
+
+    patching.when_imported(EXECUTOR_MODULE, patch)
+    return True
+
+
+__all__ = ["AUTO", "DEFAULT", "EXPLICIT_ENV", "EXPLICIT_LMDEPLOY", "MARGIN", "RESERVED_ATTR", "CapturePlan",
+           "CapturePlanError", "Reservation", "install", "planned_blocks", "reservation", "resolve_capture_plan",
+           "wrap_reserve_runtime_mem"]
