@@ -53,15 +53,16 @@ def stream_tpot(arrivals: list[list[tuple[float, int]]]) -> float | None:
     return statistics.median(per_request) if per_request else None
 
 
-def gen(model_dir: str) -> None:
+def save_random_llama(model_dir: str, **config) -> int:
+    """A random-weight bf16 Llama of ``config`` (seed 1234) with a word-level tokenizer over its 32000 ids,
+    saved in ``model_dir``; returns its parameter count."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(1234)
-    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-                         num_key_value_heads=16, vocab_size=32000, max_position_embeddings=4096,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16")
+    config = LlamaConfig(**config, vocab_size=32000, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                         torch_dtype="bfloat16")
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -73,7 +74,13 @@ def gen(model_dir: str) -> None:
     fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     fast.save_pretrained(model_dir)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3).save_pretrained(model_dir)
-    print(json.dumps({"model_dir": model_dir, "params": sum(p.numel() for p in model.parameters())}))
+    return sum(p.numel() for p in model.parameters())
+
+
+def gen(model_dir: str) -> None:
+    params = save_random_llama(model_dir, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
+                               num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096)
+    print(json.dumps({"model_dir": model_dir, "params": params}))
 
 
 def prompts(batch: int) -> list[list[int]]:

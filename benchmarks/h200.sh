@@ -7,21 +7,26 @@
 #   bash benchmarks/h200.sh part3    # "replay step at its floor" (~8.5 min): replay vs bare in rounds (0.17),
 #                                    # kernel counts per fill / step for both runners (0.18), engine TPOT in
 #                                    # 5 ABBA rounds of alternating processes (0.18)
+#   bash benchmarks/h200.sh part4    # "graphs sized to the workload and the memory" (~8.5 min, 0.18): capture
+#                                    # sizes fitted to a recorded histogram vs the default ones in ABBA rounds,
+#                                    # the VENDOR_GRAPH_PLAN=auto path, and graph memory kept out of the KV cache
+#   bash benchmarks/h200.sh part4b   # (a) again (~8.5 min): fitted to two runs after a kernel-cache warm run
 #   bash benchmarks/h200.sh dry      # on a CPU box: every part1 task on the simulator, small sizes
 #   bash benchmarks/h200.sh dry3     # on a CPU box: every part3 piece that runs without a GPU, and its report
+#   bash benchmarks/h200.sh dry4     # on a CPU box: part4's fake results through the real plan command, the report
 #
 # It expects .h200/ (ignored by git) beside it: pkgs017/ and pkgs018/ (the lmdeploy wheels unzipped,
 # turbomind binaries removed), whl/ (the few wheels lmdeploy's engine imports that the machine lacks)
 # and stubs/xgrammar; see BENCHMARKS.md for how they are made. The machine's own torch, triton and
 # transformers are used.
 set -u
-part=${1:?part1, part2, part3, dry or dry3}
+part=${1:?part1, part2, part3, part4, part4b, dry, dry3 or dry4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 py=${PYTHON:-python3}
 
-if [ "$part" = dry ] || [ "$part" = dry3 ]; then
+if [ "$part" = dry ] || [ "$part" = dry3 ] || [ "$part" = dry4 ]; then
   OUT=${OUT:-$(mktemp -d)}
   mkdir -p "$OUT"
   [ -x "$root/.venv/bin/python" ] && py=${PYTHON:-$root/.venv/bin/python}
@@ -45,6 +50,39 @@ if [ "$part" = dry ] || [ "$part" = dry3 ]; then
   fi
   res="$OUT/results"
   mkdir -p "$res"
+  if [ "$part" = dry4 ]; then
+    # part4's runs as made-up results (the same names and variables as part4); the plan comes from the real
+    # plan command on the fake stats file, the reservation from the real reserve step; the report into $OUT/report.
+    cap=benchmarks/capacity_engine.py
+    drystep capacity_selftest "$py" "$cap" selftest
+    drystep default_r1 env VENDOR_GRAPH_STATS_FILE="$res/stats_default_r1.json" VENDOR_GRAPH_GRAPH_MEMORY=off \
+      "$py" "$cap" fake default "$res/default_r1.json" --label default_r1 --round 1
+    drystep plan sh -c '"$1" -m vendor_graph plan --from-stats "$2" --json > "$3"' sh "$py" \
+      "$res/stats_default_r1.json" "$res/plan.json"
+    drystep plan_check "$py" "$cap" ensure-plan "$res/stats_default_r1.json" "$res/plan.json"
+    drystep fitted_r1 env VENDOR_GRAPH_STATS_FILE="$res/stats_fitted_r1.json" VENDOR_GRAPH_CAPTURE_SIZES="$res/plan.json" \
+      VENDOR_GRAPH_GRAPH_MEMORY=off "$py" "$cap" fake fitted "$res/fitted_r1.json" --label fitted_r1 --round 1
+    cp "$res/stats_default_r1.json" "$res/stats_auto_r1.json"
+    drystep auto_r1 env VENDOR_GRAPH_PLAN=auto VENDOR_GRAPH_STATS_FILE="$res/stats_auto_r1.json" \
+      "$py" "$cap" fake default "$res/auto_r1.json" --label auto_r1 --round 1 --workload short --plan "$res/plan.json"
+    drystep oom_off env VENDOR_GRAPH_STATS_FILE="$res/stats_oom_off.json" VENDOR_GRAPH_GRAPH_MEMORY=off \
+      "$py" "$cap" fake oom "$res/oom_off.json" --label oom_off --variant off
+    cp "$res/stats_default_r1.json" "$res/stats_oom_reserved.json"
+    drystep oom_reserved env VENDOR_GRAPH_STATS_FILE="$res/stats_oom_reserved.json" \
+      "$py" "$cap" fake oom "$res/oom_reserved.json" --label oom_reserved --variant reserved
+    for round in 2 3; do
+      drystep "default_r$round" env VENDOR_GRAPH_STATS_FILE="$res/stats_default_r$round.json" \
+        VENDOR_GRAPH_GRAPH_MEMORY=off "$py" "$cap" fake default "$res/default_r$round.json" --label "default_r$round" \
+        --round "$round"
+      drystep "fitted_r$round" env VENDOR_GRAPH_STATS_FILE="$res/stats_fitted_r$round.json" \
+        VENDOR_GRAPH_CAPTURE_SIZES="$res/plan.json" VENDOR_GRAPH_GRAPH_MEMORY=off \
+        "$py" "$cap" fake fitted "$res/fitted_r$round.json" --label "fitted_r$round" --round "$round"
+    done
+    drystep oom_lmdeploy_own "$py" "$cap" fake oom "$res/oom_lmdeploy_own.json" --label oom_lmdeploy_own --lmdeploy-own
+    drystep report "$py" benchmarks/report_capacity.py "$res" --out-dir "$OUT/report"
+    bash -n "$0" && echo "dry syntax: ok"
+    exit $rc_all
+  fi
   drystep replay3 "$py" benchmarks/decode_bench.py replay --device sim --dry-run --out "$res/replay3.json"
   drystep kernel_counts_selftest "$py" benchmarks/kernel_counts.py selftest
   drystep kernel_counts "$py" benchmarks/kernel_counts.py dry "$res/kernel_counts.json"
@@ -127,6 +165,105 @@ elif [ "$part" = part3 ]; then
       [ $((SECONDS - s0 + 3)) -gt $est ] && est=$((SECONDS - s0 + 3))
     done
   done
+  cp "$logs/steps.txt" "$res/steps_$part.txt"; tar czf "$OUT/results_$part.tgz" -C "$res" .
+elif [ "$part" = part4 ] || [ "$part" = part4b ]; then
+  # One GPU command of at most ~9 minutes each. $OUT gets results_<part>.tgz (every run's JSON and stats file,
+  # plan.json, steps_<part>.txt; unpack into benchmarks/results/capacity_h200/ (part4) or capacity_refit_h200/
+  # (part4b) and run benchmarks/report_capacity.py on it) and logs_<part>.tgz, both refreshed after every step.
+  # Runs in priority order; none starts that could end past the budget.
+  export PYTHONHASHSEED=0  # the same hash seed in every process
+  budget=${PART4_BUDGET_S:-520}  # seconds into the part
+  res=$(mktemp -d)
+  export PYTHONPATH=$(lmdeploy_path 018)
+  model=$(mktemp -d)/llama
+  cap=benchmarks/capacity_engine.py
+  # every engine process starts from these VENDOR_GRAPH_* unset; each run sets its own
+  vg_clean=(-u VENDOR_GRAPH_STATS_FILE -u VENDOR_GRAPH_STATS_EVERY -u VENDOR_GRAPH_CAPTURE_SIZES -u VENDOR_GRAPH_PLAN
+            -u VENDOR_GRAPH_PLAN_MAX_GRAPHS -u VENDOR_GRAPH_GRAPH_MEMORY)
+  est=60  # seconds per engine process, raised to the longest measured (+3)
+  fits() { [ $((SECONDS - part_start + $1)) -le "$budget" ]; }
+  vg_run() {  # vg_run NAME MODE LIMIT [VAR=VALUE...] [-- ARGS...]: one engine process, its result in $res/NAME.json
+    local name=$1 mode=$2 limit=$3 s0=$SECONDS envs=()
+    shift 3
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    if ! fits "$est"; then
+      echo "$name: skipped, the budget of $budget s would be passed" | tee -a "$logs/steps.txt"
+      return 1
+    fi
+    step "$name" "$limit" env "${vg_clean[@]}" ${envs[@]+"${envs[@]}"} "$py" "$cap" run "$mode" "$model" \
+      "$res/$name.json" --label "$name" "$@"
+    [ $((SECONDS - s0 + 3)) -gt $est ] && est=$((SECONDS - s0 + 3))
+    return 0
+  }
+  default_run() {  # default_run ROUND
+    vg_run "default_r$1" default 150 VENDOR_GRAPH_STATS_FILE="$res/stats_default_r$1.json" \
+      VENDOR_GRAPH_GRAPH_MEMORY=off -- --round "$1"
+  }
+  fitted_run() {  # fitted_run ROUND: the sizes of plan.json
+    vg_run "fitted_r$1" fitted 150 VENDOR_GRAPH_STATS_FILE="$res/stats_fitted_r$1.json" \
+      VENDOR_GRAPH_CAPTURE_SIZES="$res/plan.json" VENDOR_GRAPH_GRAPH_MEMORY=off -- --round "$1"
+  }
+  abba_rounds() {  # abba_rounds FIRST LAST: default and fitted, fitted first in even rounds, while two runs fit
+    local round
+    for round in $(seq "$1" "$2"); do
+      if ! fits $((2 * est)); then
+        echo "rounds $round and later: skipped, the budget of $budget s would be passed" | tee -a "$logs/steps.txt"
+        break
+      fi
+      if [ $((round % 2)) -eq 0 ]; then fitted_run "$round"; default_run "$round"
+      else default_run "$round"; fitted_run "$round"; fi
+    done
+  }
+  # The vendor_graph under test needs the stats file, the plan command and the capacity module. The engine
+  # processes import it from $site (the .h200/whl wheel) before the tree: a wheel built before those features
+  # would be measured instead, so then the tree goes first. (`python -m vendor_graph`, the plan step, runs
+  # from the repository root and imports the tree's copy either way.)
+  if "$py" "$cap" preflight > "$logs/preflight.log" 2>&1; then
+    echo "preflight: $(tail -n 1 "$logs/preflight.log")" | tee -a "$logs/steps.txt"
+  else
+    echo "preflight: $(tail -n 1 "$logs/preflight.log"); rebuild .h200/whl from this tree. The tree goes first" \
+      | tee -a "$logs/steps.txt"
+    export PYTHONPATH="$root:$PYTHONPATH"
+    "$py" "$cap" preflight 2>&1 | tail -n 1 | sed 's/^/preflight, tree first: /' | tee -a "$logs/steps.txt"
+  fi
+  step gen_model 100 "$py" "$cap" gen "$model"
+  if [ "$part" = part4 ]; then
+    # (a) round 1: the default sizes record the histogram; the plan fits at most as many sizes to it
+    # (--max-graphs defaults to the recorded run's graph count); the fitted run captures those.
+    default_run 1
+    step plan 60 sh -c '"$1" -m vendor_graph plan --from-stats "$2" --json > "$3"' sh "$py" \
+      "$res/stats_default_r1.json" "$res/plan.json"
+    step plan_check 30 "$py" "$cap" ensure-plan "$res/stats_default_r1.json" "$res/plan.json"
+    fitted_run 1
+    # VENDOR_GRAPH_PLAN=auto on a copy of round 1's stats file: the runner must fit the same sizes at start
+    # (graph memory left at its default, auto: reserved from that file). The short workload: a sizes check.
+    cp "$res/stats_default_r1.json" "$res/stats_auto_r1.json"
+    vg_run auto_r1 default 110 VENDOR_GRAPH_PLAN=auto VENDOR_GRAPH_STATS_FILE="$res/stats_auto_r1.json" \
+      -- --round 1 --workload short
+    # (b) max_batch_size 256, cache_max_entry_count 0.9999, max_prefill_token_num 2048 (capacity_engine.py's
+    # oom defaults): no reservation, then VENDOR_GRAPH_GRAPH_MEMORY's default, auto, from a copy of round 1's
+    # stats file (its pool scaled to 256 rows, plus this plan's buffers at this cache's blocks).
+    vg_run oom_off oom 150 VENDOR_GRAPH_STATS_FILE="$res/stats_oom_off.json" VENDOR_GRAPH_GRAPH_MEMORY=off
+    cp "$res/stats_default_r1.json" "$res/stats_oom_reserved.json"
+    vg_run oom_reserved oom 150 VENDOR_GRAPH_STATS_FILE="$res/stats_oom_reserved.json"
+    abba_rounds 2 5
+    # (b) last: the oom configuration under lmdeploy's own graph mode (no vendor_graph)
+    vg_run oom_lmdeploy_own oom 120 -- --lmdeploy-own
+  else
+    # (a) again, fitted as a server restarting with VENDOR_GRAPH_PLAN=auto would be: from the histograms of two
+    # earlier runs, merged, after one run that only warms lmdeploy's Triton kernel cache (part4's round 1 was
+    # that cache's first run: slower steps, larger batches, a histogram unlike later runs').
+    est=45
+    vg_run warm default 150 VENDOR_GRAPH_STATS_FILE="$res/stats_warm.json" VENDOR_GRAPH_GRAPH_MEMORY=off
+    for n in 1 2; do
+      vg_run "fit$n" default 150 VENDOR_GRAPH_STATS_FILE="$res/stats_fit$n.json" VENDOR_GRAPH_GRAPH_MEMORY=off
+    done
+    step plan 60 sh -c '"$1" -m vendor_graph plan --from-stats "$2" "$3" --json > "$4"' sh "$py" \
+      "$res/stats_fit1.json" "$res/stats_fit2.json" "$res/plan.json"
+    step plan_check 30 "$py" "$cap" ensure-plan "$res/stats_fit1.json" "$res/plan.json"
+    abba_rounds 1 6
+  fi
   cp "$logs/steps.txt" "$res/steps_$part.txt"; tar czf "$OUT/results_$part.tgz" -C "$res" .
 else
   echo "unknown part $part" >&2
