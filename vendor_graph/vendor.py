@@ -159,6 +159,7 @@ def install(profile: VendorProfile) -> patching.Activation:
     """Activate ``profile`` in this process (idempotent; another vendor already active is an error, and so
     is a ``VENDOR_GRAPH_*`` value not accepted: :class:`~vendor_graph.settings.SettingsError`)."""
     settings.load()
+    switches.ensure_log_handler()
     version = compat.check_lmdeploy_supported(profile.name)
     if compat.series(version) not in compat.SUPPORTED_SERIES[profile.name]:
         logger.warning(
