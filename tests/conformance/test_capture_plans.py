@@ -86,7 +86,7 @@ def test_every_decode_step_is_counted_by_its_real_batch(vendor, sim_backend):
     assert pair.runner.stats.batch_histogram() == dict(sorted(expected.items()))
 
 
-@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("vendor", RUNNERS)
 def test_plan_auto_carries_the_fitted_sizes_over_a_restart(vendor, monkeypatch, tmp_path, caplog, sim_backend):
     path = tmp_path / "stats.json"
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(path))

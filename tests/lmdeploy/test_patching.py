@@ -52,14 +52,18 @@ def test_methods_are_the_vendors_after_activation(vendor, activate):
 
 
 def test_uninstall_restores_the_originals_exactly(vendor, activate):
-    from lmdeploy.pytorch.engine.executor.base import ExecutorBase
+    try:
+        from lmdeploy.pytorch.engine.executor.base import ExecutorBase
+    except ImportError:  # an environment without the engine's own imports (pyzmq): nothing to reserve in
+        ExecutorBase = None
 
     cls, backend = mixin(), op_backend(vendor)
     held = ("build_graph_runner", "update_step_context")
 
     def state():
-        return owners(cls) | {name: backend.__dict__.get(name) for name in held} | {
+        executor = {} if ExecutorBase is None else {
             "_reserve_runtime_mem": ExecutorBase.__dict__["_reserve_runtime_mem"]}
+        return owners(cls) | {name: backend.__dict__.get(name) for name in held} | executor
 
     before = state()
     activate(vendor)
@@ -67,7 +71,7 @@ def test_uninstall_restores_the_originals_exactly(vendor, activate):
     # the mixin's four, the builder, the executor's graph-memory reservation, on Ascend the step-context
     # wrapper of the MoE padding (and the agent's update_params once its module is imported)
     patches = [p for p in patching.active().patches if p.name != "update_params"]
-    assert len(patches) == 6 + (vendor == "ascend"), [p.target for p in patches]
+    assert len(patches) == 5 + (ExecutorBase is not None) + (vendor == "ascend"), [p.target for p in patches]
     vendor_graph.uninstall()
     assert state() == before
     assert vendor_graph.active_vendor() is None
