@@ -106,7 +106,7 @@ def resolve_capture_plan(vendor: str, max_batches: int, default_sizes: Sequence[
             f"{LMDEPLOY_SIZES} {list(explicit[0][1])} and {SIZES_ENV} {list(explicit[1][1])} (both normalised to "
             f"max_batch_size {max_batches}) differ; give the sizes in one place, or the same sizes in both")
     if explicit:
-        source, sizes = explicit[-1] if len(explicit) == 1 else explicit[0]
+        source, sizes = explicit[0]  # two are the same sizes by now
         return CapturePlan(sizes, source, max_batches, num_layers=num_layers, num_blocks=num_blocks,
                            reserved_bytes=reserved)
     default = tuple(default_sizes)
@@ -152,21 +152,13 @@ def _auto_plan(vendor: str, max_batches: int, default: tuple[int, ...], num_laye
         plan = planning.plan_for(workload, max_graphs)
     except planning.PlanError as exc:
         raise CapturePlanError(f"{PLAN_ENV}=auto: {exc}") from None
-    carried = {}
-    for path in files:
-        doc = planning.read_stats(path)
-        for query_len, hist in (doc.get("query_len_histogram") or {"1": doc["batch_histogram"]}).items():
-            for batch, steps in hist.items():
-                key = (int(batch), int(query_len))
-                carried[key] = carried.get(key, 0) + int(steps)
-    steps = sum(workload.steps.values())
-    note = (f"{PLAN_ENV}=auto: capture sizes {plan.capture_sizes} fitted to {steps} decode steps in "
+    note = (f"{PLAN_ENV}=auto: capture sizes {plan.capture_sizes} fitted to {workload.decode_steps} decode steps in "
             f"{', '.join(map(str, files))} (at most {plan.max_graphs} graphs): padded tokens "
             f"{plan.padded_fraction_before:.1%} with the recorded sizes {list(workload.capture_sizes)} -> "
             f"{plan.padded_fraction_after:.1%}")
     log.warning("%s: %s", label, note)
     return CapturePlan(tuple(plan.capture_sizes), AUTO, max_batches, num_layers=num_layers or workload.num_layers,
-                       carried=carried, reserved_bytes=reserved, note=note)
+                       carried=dict(workload.histogram), reserved_bytes=reserved, note=note)
 
 
 # -- graph memory kept out of the KV cache ----------------------------------------------------------------

@@ -20,7 +20,7 @@ import math
 import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,8 @@ class Workload:
     num_layers: int = 0
     files: tuple[str, ...] = ()
     graph_memory_bytes: int | None = None
+    # (batch, query length) -> steps: what steps and weights are summed from
+    histogram: dict[tuple[int, int], int] = field(default_factory=dict, compare=False)
 
     @property
     def decode_steps(self) -> int:
@@ -314,6 +316,7 @@ def load_workload(paths: Sequence[str | Path]) -> Workload:
         raise PlanError("no stats files given; give one or more files written with VENDOR_GRAPH_STATS_FILE")
     steps: dict[int, int] = {}
     weights: dict[int, int] = {}
+    pairs: dict[tuple[int, int], int] = {}
     query_lens: set[int] = set()
     first: tuple[str, dict] | None = None
     num_layers, memory = 0, None
@@ -338,6 +341,7 @@ def load_workload(paths: Sequence[str | Path]) -> Workload:
         for q, histogram in by_query.items():
             for b, n in histogram.items():
                 weights[int(b)] = weights.get(int(b), 0) + n * int(q)
+                pairs[(int(b), int(q))] = pairs.get((int(b), int(q)), 0) + n
                 if n:
                     query_lens.add(int(q))
         num_layers = max(num_layers, doc.get("num_layers") or 0)
@@ -348,7 +352,8 @@ def load_workload(paths: Sequence[str | Path]) -> Workload:
     return Workload(vendor=doc["vendor"], max_batches=doc["max_batches"],
                     capture_sizes=tuple(sorted(set(doc["capture_sizes"]))), steps=dict(sorted(steps.items())),
                     weights=dict(sorted(weights.items())), query_lens=tuple(sorted(query_lens)) or (1,),
-                    num_layers=num_layers, files=tuple(str(p) for p in paths), graph_memory_bytes=memory)
+                    num_layers=num_layers, files=tuple(str(p) for p in paths), graph_memory_bytes=memory,
+                    histogram=pairs)
 
 
 # -- plans -------------------------------------------------------------------------------------------------
