@@ -4,4 +4,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup-env.sh" >&2
+# Tiny tensors: intra-op threads only add overhead (on a busy 2-core machine, several times the run time).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec "${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python" -m vendor_graph demo "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates or updates the project's virtual environment, idempotently:
+# Creates or updates the demo's virtual environment (.venv), idempotently; the test command builds its own
+# (scripts/setup-test-env.sh) and never touches this one:
 #   CPU torch 2.13.0 (from local disk where the machine has it), lmdeploy installed with --no-deps
 #   (its pins would pull a CUDA torch) plus the few packages its imports need, vendor_graph itself
 #   (editable, with the test extra) and its simulator package (sim/, editable). Never installs

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: sets up the environment and runs lint and the whole test suite against
-# every supported lmdeploy release (0.16.0, 0.17.0, 0.18.0; one venv, lmdeploy swapped with --no-deps),
-# ending on 0.18.0, then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
+# The README's test command: sets up the test environments and runs lint and the whole test suite against
+# every supported lmdeploy release (0.16.0, 0.17.0, 0.18.0), ending on 0.18.0, each in its own environment
+# (.venvs/test-lmdeploy-<version> over a shared .venvs/test-base, scripts/setup-test-env.sh; the demo's .venv is
+# never touched), then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
 # VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
 # The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
 # generation) runs every generation on the last release (after the host suites, or G4 G5 after the sim
@@ -15,7 +16,6 @@
 # number).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-py=${VENDOR_GRAPH_VENV:-$root/.venv}/bin/python
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 cd "$root"
@@ -49,7 +49,7 @@ if [ -n "${VENDOR_GRAPH_DLINFER_SRC:-}" ]; then  # absolute: tests run children 
   export VENDOR_GRAPH_DLINFER_SRC
 fi
 for version in $versions; do
-  "$root/scripts/setup-env.sh" "$version"
+  py=$("$root/scripts/setup-test-env.sh" "$version")
   echo "=== lmdeploy $version"
   start=$SECONDS
   # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.

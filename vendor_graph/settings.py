@@ -322,7 +322,9 @@ SETTINGS: dict[str, Setting] = _runtime_settings()
 TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
             scope="simulator"),
-    Setting("VENDOR_GRAPH_VENV", "the virtualenv scripts/setup-env.sh, test.sh and demo.sh use", scope="tooling"),
+    Setting("VENDOR_GRAPH_VENV", "the demo's virtualenv (scripts/setup-env.sh and demo.sh)", scope="tooling"),
+    Setting("VENDOR_GRAPH_TEST_VENVS", "the folder of the test environments scripts/test.sh builds and uses "
+            "(default .venvs)", scope="tooling"),
     Setting("VENDOR_GRAPH_LMDEPLOY_VERSIONS", "the lmdeploy releases scripts/test.sh tests", scope="tooling"),
     Setting("VENDOR_GRAPH_SKIP_OLDEST_TORCH", "1: scripts/test.sh leaves out the oldest-torch leg", scope="tooling"),
     Setting("VENDOR_GRAPH_MUTATIONS_ON", "the lmdeploy release scripts/test.sh runs the mutation checks with "
