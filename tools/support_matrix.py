@@ -1,26 +1,32 @@
-"""README's support matrix (lmdeploy x dlinfer x torch_npu x CANN x torch), generated from the facts the
-code holds, and how each cell was verified.
+"""The support tables (lmdeploy x dlinfer x torch_npu x CANN x torch), generated from the facts the code holds,
+and how each cell was verified: README's short status grid and its upstream breakages, and the full matrix
+in docs/support.md.
 
 Sources, one each: the lmdeploy series and refusals are ``vendor_graph.compat.SUPPORTED_SERIES`` /
 ``KNOWN_BREAKAGES``; torch_npu generations and seq-len paths are ``vendor_graph.ascend.releases`` and
 ``vendor_graph.ascend.seqlen``; the minimum torch is ``[tool.vendor_graph] min-torch`` in pyproject.toml.
 This file holds the rest: the (CANN, torch_npu, torch) pairs (also the matrix of
 ``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal) and the upstream dlinfer
-breakage. ``python tools/support_matrix.py`` prints the block README carries between its markers;
-``--write`` rewrites it there.
+breakages. ``python tools/support_matrix.py`` prints both blocks; ``--write`` rewrites them between their
+markers.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+SUPPORT = ROOT / "docs" / "support.md"
 BEGIN = "<!-- BEGIN support-matrix (generated: python tools/support_matrix.py --write) -->"
 END = "<!-- END support-matrix -->"
+STATUS_BEGIN = "<!-- BEGIN support-status (generated: python tools/support_matrix.py --write) -->"
+STATUS_END = "<!-- END support-status -->"
+VENDORS = ("ascend", "camb", "maca")
 
 
 class Pair(NamedTuple):
@@ -49,15 +55,33 @@ PAIRS: tuple[Pair, ...] = (
 )
 
 DLINFER = {
-    "ascend": "dlinfer-ascend 0.2.7 (PyPI, aarch64 only) or 0.2.8 (GitHub)",
-    "camb": "dlinfer-camb (vendor channel; not on PyPI)",
-    "maca": "dlinfer-maca (vendor channel; not on PyPI)",
+    "ascend": "dlinfer-ascend 0.2.7 (PyPI, aarch64 only), or dlinfer's GitHub main (a50184e, 0.2.8) from source",
+    "camb": "none published: build dlinfer from source (`DEVICE=camb`)",
+    "maca": "none published: build dlinfer from source (`DEVICE=maca`)",
 }
-# Upstream breakage: (vendor, first lmdeploy series) -> what no published dlinfer provides.
-DLINFER_BREAKAGES = {
-    ("ascend", "0.17"): ("lmdeploy's Ascend `init()` imports `dlinfer.vendor.ascend.version`, which no published "
-                         "dlinfer provides (0.2.7 on PyPI, 0.2.8 on GitHub): the engine cannot start on an NPU"),
-}
+
+
+class Breakage(NamedTuple):
+    vendors: tuple[str, ...]
+    since: str  # the first lmdeploy series it affects
+    what: str
+    blocks: bool = True  # no published dlinfer runs that combination
+
+
+UPSTREAM: tuple[Breakage, ...] = (
+    Breakage(("ascend",), "0.17",
+             "lmdeploy's Ascend `init()` imports `dlinfer.vendor.ascend.version`, which neither dlinfer-ascend 0.2.7 "
+             "(PyPI) nor dlinfer's GitHub main at a50184e has: the engine cannot start on an NPU"),
+    Breakage(VENDORS, "0.18",
+             "lmdeploy 0.18's dlinfer prefill kernel calls `dlinfer.ops.prefill_attention(..., "
+             "actual_seq_lengths_cpu=...)`, and `dlinfer.ops.paged_prefill_attention` with two length arguments "
+             "fewer, which no published dlinfer takes (neither dlinfer-ascend 0.2.7 nor GitHub main at a50184e): "
+             "every prefill raises TypeError; decode works"),
+    Breakage(("camb", "maca"), "0.16",
+             "no dlinfer-camb or dlinfer-maca distribution exists: build dlinfer from source "
+             "(`DEVICE=camb` / `DEVICE=maca`)", blocks=False),
+)
+SHOWN = {"ascend": "Ascend", "camb": "Camb", "maca": "MACA"}
 SIMULATED = "CI here: lmdeploy's real classes, stand-in dlinfer, CPU simulator"
 NEVER = "hardware: never run"
 
@@ -87,23 +111,31 @@ def _first_clause(text: str) -> str:
     return text.split(" (")[0].split(", which")[0]
 
 
+def _all_series() -> list[str]:
+    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+
+    return sorted({s for v in VENDORS for s in SUPPORTED_SERIES[v]} | {s for (_, s) in KNOWN_BREAKAGES},
+                  key=_series_key)
+
+
+def upstream(vendor: str, series: str) -> list[Breakage]:
+    """The upstream breakages that apply to ``vendor`` on lmdeploy ``series``."""
+    return [b for b in UPSTREAM if vendor in b.vendors and _series_key(series) >= _series_key(b.since)]
+
+
 def lmdeploy_rows() -> list[str]:
     from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
 
-    vendors = ("ascend", "camb", "maca")
-    series = sorted({s for v in vendors for s in SUPPORTED_SERIES[v]} | {s for (_, s) in KNOWN_BREAKAGES},
-                    key=_series_key)
     rows = ["| lmdeploy | vendor | dlinfer | vendor_graph | verified |", "|---|---|---|---|---|"]
-    for s in series:
-        for vendor in vendors:
+    for s in _all_series():
+        for vendor in VENDORS:
             if s in SUPPORTED_SERIES[vendor]:
                 status = "supported"
                 verified = f"{SIMULATED} ({s}.0); {NEVER}"
                 dlinfer = DLINFER[vendor]
-                broken = [why for (v, since), why in DLINFER_BREAKAGES.items()
-                          if v == vendor and _series_key(s) >= _series_key(since)]
+                broken = [b for b in upstream(vendor, s) if b.blocks]
                 if broken:
-                    dlinfer = f"**none published works**: {broken[0]}"
+                    dlinfer = "**none published works**: " + "; ".join(b.what for b in broken)
                     verified = f"{SIMULATED} ({s}.0); hardware: blocked upstream, never run"
             elif (vendor, s) in KNOWN_BREAKAGES:
                 status = f"**refused**: {_first_clause(KNOWN_BREAKAGES[(vendor, s)])}"
@@ -113,6 +145,36 @@ def lmdeploy_rows() -> list[str]:
                 continue
             rows.append(f"| {s}.x | {vendor} | {dlinfer} | {status} | {verified} |")
     return rows
+
+
+def status_rows() -> list[str]:
+    """README's grid: per lmdeploy series and vendor, whether vendor_graph supports it, with the numbers of the
+    upstream breakages (listed under the grid) that apply."""
+    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+
+    rows = ["| lmdeploy | " + " | ".join(VENDORS) + " |", "|---" * (len(VENDORS) + 1) + "|"]
+    for s in _all_series():
+        cells = []
+        for vendor in VENDORS:
+            if s in SUPPORTED_SERIES[vendor]:
+                cell = "yes"
+            elif (vendor, s) in KNOWN_BREAKAGES:
+                cell = f"**refused**: {_first_clause(KNOWN_BREAKAGES[(vendor, s)])}"
+            else:
+                cell = "no"
+            notes = [str(UPSTREAM.index(b) + 1) for b in upstream(vendor, s)]
+            cells.append(cell + (f" ({', '.join(notes)})" if notes else ""))
+        rows.append(f"| {s}.x | " + " | ".join(cells) + " |")
+    return rows
+
+
+def breakage_lines() -> list[str]:
+    lines = []
+    for n, b in enumerate(UPSTREAM, 1):
+        series = f"lmdeploy >= {b.since}" if b.since != _all_series()[0] else "every lmdeploy"
+        item = f"{n}. **{', '.join(SHOWN[v] for v in b.vendors)}, {series}**: {b.what}."
+        lines += textwrap.wrap(item, 116, subsequent_indent="   ", break_long_words=False, break_on_hyphens=False)
+    return lines
 
 
 def torch_npu_rows() -> list[str]:
@@ -146,6 +208,7 @@ def torch_rows() -> list[str]:
 
 
 def render() -> str:
+    """docs/support.md's block."""
     return "\n".join([
         BEGIN,
         *lmdeploy_rows(),
@@ -157,20 +220,32 @@ def render() -> str:
     ])
 
 
-def write(readme: Path = README) -> bool:
-    text = readme.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+def render_status() -> str:
+    """README's block."""
+    return "\n".join([STATUS_BEGIN, *status_rows(), "", *breakage_lines(), STATUS_END])
+
+
+def _replace(path: Path, begin: str, end: str, block: str) -> bool:
+    text = path.read_text()
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{readme} has no support-matrix markers")
-    new = pattern.sub(lambda _: render(), text)
+        raise SystemExit(f"{path} has no {begin} ... {end} markers")
+    new = pattern.sub(lambda _: block, text)
     if new != text:
-        readme.write_text(new)
+        path.write_text(new)
     return new != text
+
+
+def write() -> dict[str, bool]:
+    """Rewrite both blocks in place; which files changed."""
+    return {"README.md": _replace(README, STATUS_BEGIN, STATUS_END, render_status()),
+            "docs/support.md": _replace(SUPPORT, BEGIN, END, render())}
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     if "--write" in sys.argv[1:]:
-        print("README.md " + ("updated" if write() else "unchanged"))
+        for name, changed in write().items():
+            print(f"{name} " + ("updated" if changed else "unchanged"))
     else:
-        print(render())
+        print(render_status() + "\n\n" + render())

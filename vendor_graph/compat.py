@@ -21,26 +21,13 @@ from . import settings
 # Release series (major.minor) each vendor supports. The .0 release of each is what CI tests.
 SUPPORTED_SERIES: dict[str, tuple[str, ...]] = {
     "ascend": ("0.16", "0.17", "0.18"),
-    "camb": ("0.16", "0.17"),
-    "maca": ("0.16", "0.17"),
+    "camb": ("0.16", "0.17", "0.18"),
+    "maca": ("0.16", "0.17", "0.18"),
     "cuda": ("0.18",),
 }
 
 # Why a vendor is not supported on a series that lmdeploy itself ships for it.
-KNOWN_BREAKAGES: dict[tuple[str, str], str] = {
-    ("camb", "0.18"): (
-        "lmdeploy 0.18.0's CambOpsBackend.update_step_context still passes max_q_seq_len= and "
-        "cu_seq_lens_kv=, which 0.18's DlinferAttentionMetadata renamed or removed (TypeError on the "
-        "first step, before any graph), and its decode attention indexes cu_seqlens_q_cpu / "
-        "kv_seqlens_cpu, which the Camb backend never sets"
-    ),
-    ("maca", "0.18"): (
-        "lmdeploy 0.18.0's MacaOpsBackend.update_step_context still passes max_q_seq_len=, which 0.18's "
-        "DlinferAttentionMetadata renamed to max_q_seqlen (TypeError on the first step, before any "
-        "graph), and its decode attention indexes cu_seqlens_q_cpu / kv_seqlens_cpu, which the MACA "
-        "backend never sets"
-    ),
-}
+KNOWN_BREAKAGES: dict[tuple[str, str], str] = {}
 
 ALLOW_UNSUPPORTED_ENV = settings.variable("allow_unsupported_lmdeploy")
 

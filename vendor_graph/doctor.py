@@ -285,7 +285,7 @@ def _upstream_notes(version) -> list[str]:
                         if _findable("dlinfer") else ""))
     if version >= Version("0.18"):
         llm = _dlinfer_source_text("ops/llm.py")
-        notes.append("ascend: lmdeploy 0.18's dlinfer prefill kernel passes actual_seq_lengths_cpu= to "
+        notes.append("ascend, camb, maca: lmdeploy 0.18's dlinfer prefill kernel passes actual_seq_lengths_cpu= to "
                      "dlinfer.ops.prefill_attention (and two length arguments fewer to paged_prefill_attention), "
                      "which dlinfer main a50184e (2026-07-20) does not take: every prefill raises TypeError"
                      + ("" if llm is None else "; the dlinfer here takes it" if "actual_seq_lengths_cpu" in llm

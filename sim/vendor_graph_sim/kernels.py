@@ -983,6 +983,15 @@ register()
 # typed entry points (what the tiny model calls) and a reference
 
 
+def _lengths_on_device(kernel: str, query: Tensor, lengths: Tensor) -> None:
+    """Camb's and MACA's decode kernels read the lengths from device memory: a host tensor is refused (a graph
+    capturing it would replay its capture-time lengths, the silent wrong answer)."""
+    if lengths.device != query.device:
+        raise RuntimeError(f"{kernel}: kv_seqlens is a {lengths.device.type} tensor and the query is on "
+                           f"{query.device}: a host tensor reaching this device kernel (a captured graph would keep "
+                           "its capture-time lengths); feed it from a device buffer")
+
+
 def fill_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, kv_start_indices: Tensor,
                   layout: str = "bshd") -> None:
     """Write ``key[t]``/``value[t]`` (``(T, KVH, D)``) at slot ``kv_start_indices[t]`` of each cache.
@@ -1004,6 +1013,7 @@ def camb_paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: T
     many positions per row, so a value frozen at capture that is smaller than a later length gives a
     wrong result. Rows of length 0 return zeros.
     """
+    _lengths_on_device("camb_paged_decode_attention", query, kv_seqlens)
     return torch.ops.vendor_graph_sim.camb_paged_decode_attention(query, key_cache, value_cache, block_table,
                                                                   kv_seqlens, int(max_kv_seq_len), float(softmax_scale))
 
@@ -1012,6 +1022,7 @@ def maca_paged_decode_attention(query: Tensor, key_cache: Tensor, value_cache: T
                                 kv_seqlens: Tensor, softmax_scale: float) -> Tensor:
     """MACA decode attention: ``query (B, N, D)``, caches ``(blocks, block_size, KVH, D)``, lengths
     from the device tensor ``kv_seqlens (B,)`` only (lmdeploy passes ``max_kv_seq_len=-1`` in decode)."""
+    _lengths_on_device("maca_paged_decode_attention", query, kv_seqlens)
     return torch.ops.vendor_graph_sim.maca_paged_decode_attention(query, key_cache, value_cache, block_table,
                                                                   kv_seqlens, float(softmax_scale))
 

@@ -6,20 +6,22 @@
 lmdeploy's own ``<Vendor>OpsBackend.update_step_context`` builds. Vendor quirks it reproduces: Ascend reads host
 sequence lengths, frozen into a captured graph unless the vendor's update path changes them; Camb's int
 ``max_kv_seq_len`` is frozen at capture too (a positive value truncates attention); MACA's ``kv_start_indices``
-must be ``(tokens, 1)`` int64, as MACA's backend builds them. Ascend multi-token decode (speculative decoding)
+must be ``(tokens, 1)`` int64, as MACA's backend builds them; their decode kernels read the lengths from device
+memory and refuse a host tensor. Camb and MACA decode attention is lmdeploy's own ``DlinferAttentionImpl`` (its
+KV fill and ``paged_attention_fwd``, down to ``dlinfer.ops``). Ascend multi-token decode (speculative decoding)
 comes from lmdeploy's non-decoding path (``is_decoding=False``, ``is_multi_token_decoding=True``).
 
 Block 0 is reserved for padding, as lmdeploy does. Math accumulates in float64 and rounds to float32, so a row's
 result does not depend on its batch (eager batch 3 and a graph padded to 4 agree bitwise).
 
-Needs lmdeploy at import. The Ascend op backend imports ``dlinfer``: on a CPU box put the stand-in
+Needs lmdeploy at import. lmdeploy's dlinfer backends import ``dlinfer``: on a CPU box put the stand-in
 (``sim/vendor_graph_sim/data/standins``) on ``sys.path``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
 import importlib
 import math
 import random
@@ -334,20 +336,30 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
         return torch.cat((q_nope, q_rope), dim=-1), torch.cat((latent, k_rope), dim=-1), latent
 
     def _decode_attention(self, q: Tensor, k: Tensor, v: Tensor, kv_cache: Sequence[Tensor], meta) -> Tensor:
-        c = self.config
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         start = meta.kv_start_indices
         if self.vendor == "maca" and (start.dim() != 2 or start.shape[-1] != 1 or start.dtype != torch.int64):
             raise ValueError(f"MACA's KV fill takes kv_start_indices (tokens, 1) int64, got "
                              f"{tuple(start.shape)} {start.dtype}")
+        if self.vendor != "ascend":
+            # lmdeploy's own attention layer: its KV fill and paged_attention_fwd, down to dlinfer.ops and the
+            # vendor's kernels (the stand-in's reach the emulated ones).
+            attention = self._lmdeploy_attention
+            with _dlinfer_vendor(self.vendor):
+                return attention.forward(q, k, v, k_cache, v_cache, meta)
         kernels.fill_kv_cache(k, v, k_cache, v_cache, start, self.kv_layout)
-        if self.vendor == "camb":
-            return kernels.camb_paged_decode_attention(q, k_cache, v_cache, meta.block_offsets, meta.kv_seqlens,
-                                                       meta.max_kv_seq_len, c.scale)
-        if self.vendor == "maca":
-            return kernels.maca_paged_decode_attention(q, k_cache, v_cache, meta.block_offsets, meta.kv_seqlens,
-                                                       c.scale)
         return self._ascend_attention(q, k_cache, v_cache, meta)
+
+    @functools.cached_property
+    def _lmdeploy_attention(self):
+        from . import standins
+
+        standins.use_standin_dlinfer_if_missing()  # lmdeploy's dlinfer kernels import dlinfer.ops
+        from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionImpl
+
+        c = self.config
+        return DlinferAttentionImpl(c.num_heads, c.head_dim, scale=c.scale, num_kv_heads=c.num_kv_heads,
+                                    v_head_size=c.head_dim)
 
     def _ascend_attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta) -> Tensor:
         # Through vendor_graph's hook, as a vendor attention must be: under a capture it registers the
@@ -471,6 +483,15 @@ def prefill(model: TinyDecoder, kv_caches: Sequence[Sequence[Tensor]], block_tab
     return torch.stack(last)
 
 
+def _dlinfer_vendor(vendor: str):
+    """The block in which ``dlinfer.ops`` reaches ``vendor``'s kernels: the stand-in serves one vendor per
+    block (``dlinfer.vendor.selected``); a real dlinfer is one vendor's build."""
+    import dlinfer.vendor
+
+    select = getattr(dlinfer.vendor, "selected", None)
+    return select(vendor) if select is not None else contextlib.nullcontext()
+
+
 def backend_class(vendor: str) -> type:
     """lmdeploy's ``<Vendor>OpsBackend`` (the Ascend module imports ``dlinfer``: the stand-in in data/standins)."""
     _check_vendor(vendor)
@@ -504,12 +525,21 @@ def ensure_step_env(vendor: str) -> None:
 
 @contextlib.contextmanager
 def lmdeploy_step_env(vendor: str) -> Iterator[None]:
-    """A fresh ``StepContextManager`` (and Ascend ``dist_meta``) for the block, restored afterwards."""
+    """A fresh ``StepContextManager`` (and Ascend ``dist_meta``) for the block, restored afterwards. Camb/MACA on
+    lmdeploy 0.18 with that vendor not active: vendor_graph's fix of their metadata, for the block (lmdeploy's own
+    ``update_step_context`` raises ``TypeError`` there)."""
     from lmdeploy.pytorch.model_inputs import StepContextManager, get_step_ctx_manager, set_step_ctx_manager
+
+    from vendor_graph import compat, cuda_style
 
     backend = backend_class(vendor)
     saved_mgr = get_step_ctx_manager()
     saved_dist = getattr(backend, "dist_meta", None)
+    fix = None
+    if (vendor != "ascend" and cuda_style.needs_metadata_fix(compat.lmdeploy_api())
+            and not cuda_style.metadata_fix_installed(backend)):
+        fix = cuda_style.metadata_fix_patch(backend)
+        fix.apply()
     set_step_ctx_manager(StepContextManager())
     if vendor == "ascend":
         backend.dist_meta = _single_rank_dist_meta()
@@ -519,20 +549,9 @@ def lmdeploy_step_env(vendor: str) -> Iterator[None]:
         set_step_ctx_manager(saved_mgr)
         if vendor == "ascend":
             backend.dist_meta = saved_dist
+        if fix is not None:
+            fix.restore()
         backend.total_slots = None
-
-
-def lmdeploy_builds_metadata(vendor: str) -> bool:
-    """Whether the installed lmdeploy's ``update_step_context`` can build this vendor's metadata.
-
-    Camb and MACA on 0.18 pass ``max_q_seq_len=`` (and Camb ``cu_seq_lens_kv=``), which 0.18's
-    ``DlinferAttentionMetadata`` no longer has (``vendor_graph.compat.KNOWN_BREAKAGES``)."""
-    if vendor == "ascend":
-        return True
-    from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionMetadata
-
-    fields = {f.name for f in dataclasses.fields(DlinferAttentionMetadata)}
-    return "max_q_seq_len" in fields and (vendor != "camb" or "cu_seq_lens_kv" in fields)
 
 
 def _query_tokens(input_ids: Sequence, query_len: int) -> list[list[int]]:
@@ -550,18 +569,16 @@ def _query_tokens(input_ids: Sequence, query_len: int) -> list[list[int]]:
 def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], block_tables: Sequence[Sequence[int]],
                          kv_seqlens: Sequence[int], input_ids: Sequence, *,
                          device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                         use_lmdeploy: bool | None = None, table_width: int | None = None,
-                         query_len: int = 1) -> SimpleNamespace:
+                         table_width: int | None = None, query_len: int = 1) -> SimpleNamespace:
     """A decode step's ``StepContext`` stand-in with ``attn_metadata``, as lmdeploy builds it.
 
     ``kv_seqlens[b]`` counts the KV of sequence ``b`` including this step's token ``input_ids[b]``
     (position ``kv_seqlens[b] - 1``). ``block_offsets`` is ``(B, table_width)`` (default: the most
     blocks any row needs), padded with block 0. The metadata comes from lmdeploy's real
-    ``<Vendor>OpsBackend.update_step_context`` (``use_lmdeploy=None``: wherever the installed release
-    can build it, see :func:`lmdeploy_builds_metadata`); otherwise (Camb/MACA on 0.18, or
-    ``use_lmdeploy=False``) from :func:`cuda_style_decode_metadata`, which follows those backends'
-    0.16/0.17 decode branch with the installed release's field names. A ``StepContextManager`` is
-    installed if none is current (see :func:`lmdeploy_step_env` for a scoped one).
+    ``<Vendor>OpsBackend.update_step_context`` (Camb/MACA on lmdeploy 0.18: with that vendor active or inside
+    :func:`lmdeploy_step_env`, where vendor_graph's fix lets it build 0.18's metadata; lmdeploy's own raises
+    ``TypeError``). A ``StepContextManager`` is installed if none is current (see :func:`lmdeploy_step_env` for a
+    scoped one).
 
     ``query_len`` > 1 (Ascend only): a multi-token decode step (speculative decoding) in which every
     sequence feeds ``query_len`` tokens, ``input_ids[b]`` being that many ints at positions
@@ -601,50 +618,16 @@ def build_decode_context(vendor: str, kv_caches: Sequence[Sequence[Tensor]], blo
         max_kv_seqlen=int(kv.max()), sum_kv_seqlen=int(kv.sum()), moe_metadata=None, attn_metadata=None,
     )
     ctx.global_is_decoding = lambda: True
-    if use_lmdeploy is None:
-        use_lmdeploy = lmdeploy_builds_metadata(vendor)
-    if use_lmdeploy:
-        from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
 
-        ensure_step_env(vendor)
-        mgr = get_step_ctx_manager()
-        # Fixed for an engine with speculative decoding (its draft length); lmdeploy's Ascend backend
-        # reads it when sizing MoE token capacity for graphs.
-        mgr.build_ctx.num_spec_tokens = query_len - 1
-        mgr.set_context(ctx)
-        backend_class(vendor).update_step_context(ctx)
-    elif vendor == "ascend":
-        raise ValueError("Ascend decode metadata always comes from lmdeploy's AscendOpsBackend (use_lmdeploy=False "
-                         "is for Camb/MACA)")
-    else:
-        ctx.attn_metadata = cuda_style_decode_metadata(vendor, ctx)
+    ensure_step_env(vendor)
+    mgr = get_step_ctx_manager()
+    # Fixed for an engine with speculative decoding (its draft length); lmdeploy's Ascend backend
+    # reads it when sizing MoE token capacity for graphs.
+    mgr.build_ctx.num_spec_tokens = query_len - 1
+    mgr.set_context(ctx)
+    backend_class(vendor).update_step_context(ctx)
     return ctx
-
-
-def cuda_style_decode_metadata(vendor: str, ctx) -> object:
-    """Camb/MACA decode ``DlinferAttentionMetadata`` the way their 0.16/0.17 ``update_step_context``
-    builds it, with the installed release's field names (for 0.18, whose own builders raise)."""
-    from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionMetadata
-
-    fields = {f.name for f in dataclasses.fields(DlinferAttentionMetadata)}
-    max_q_attr = "max_q_seqlen" if "max_q_seqlen" in fields else "max_q_seq_len"
-    layout = kv_cache_layout(vendor)
-    block_size = ctx.kv_caches[0][0].shape[2 if layout == "bhsd" else 1]
-    kv = ctx.kv_seqlens
-    last = ctx.block_offsets.gather(1, ((kv - 1) // block_size).view(-1, 1)).view(-1)
-    slots = last * block_size + (kv - 1) % block_size
-    cu_seqlens = torch.cat((ctx.q_start_loc, ctx.q_seqlens.sum().unsqueeze(0))).int()
-    kwargs = dict(q_start_loc=cu_seqlens, q_seqlens=ctx.q_seqlens.int(), kv_seqlens=kv.int(),
-                  block_size=block_size, is_prefill_no_cache=False)
-    if vendor == "camb":
-        kwargs.update(kv_start_indices=slots.to(torch.int32), attention_mask=None,
-                      max_kv_seq_len=int(kv.max().item()), **{max_q_attr: int(ctx.q_seqlens.max().item())})
-        if "cu_seq_lens_kv" in fields:
-            kwargs["cu_seq_lens_kv"] = None
-    else:
-        kwargs.update(kv_start_indices=slots.reshape(-1, 1), attention_mask=[], max_kv_seq_len=-1,
-                      **{max_q_attr: -1})
-    return DlinferAttentionMetadata(True, ctx.block_offsets.int(), **kwargs)
 
 
 def forward_kwargs(ctx) -> dict:
@@ -685,14 +668,13 @@ class DecodeSession:
     """
 
     def __init__(self, model: TinyDecoder, prompts: Sequence[Sequence[int]], *,
-                 device: torch.device | str | None = None, use_lmdeploy: bool | None = None,
-                 cache_fill: float = 0.0, seed: int = 0, query_len: int = 1):
+                 device: torch.device | str | None = None, cache_fill: float = 0.0, seed: int = 0,
+                 query_len: int = 1):
         c = model.config
         if query_len < 1:
             raise ValueError(f"query_len must be >= 1, got {query_len}")
         self.model = model
         self.vendor = model.vendor
-        self.use_lmdeploy = use_lmdeploy
         self.query_len = query_len
         self.device = torch.device(device) if device is not None else model.embed_tokens.device
         self.kv_caches = allocate_kv_caches(c, self.vendor, self.device, fill=cache_fill,
@@ -721,8 +703,7 @@ class DecodeSession:
         return build_decode_context(
             self.vendor, self.kv_caches, [self.block_tables[i] for i in active],
             [len(self.tokens[i]) - 1 + q for i in active], ids,
-            device=self.device, dtype=self.model.config.dtype, use_lmdeploy=self.use_lmdeploy,
-            table_width=table_width, query_len=q)
+            device=self.device, dtype=self.model.config.dtype, table_width=table_width, query_len=q)
 
     def step(self, active: Sequence[int] | None = None, run: StepRunner | None = None) -> list:
         """Decode one greedy token for each active sequence; returns them (also appended to ``tokens``).
@@ -759,13 +740,11 @@ __all__ = [
     "ascend_host_seqlens",
     "build_decode_context",
     "causal_attention",
-    "cuda_style_decode_metadata",
     "draft_tokens",
     "eager_step",
     "ensure_step_env",
     "forward_kwargs",
     "kv_cache_layout",
-    "lmdeploy_builds_metadata",
     "lmdeploy_step_env",
     "prefill",
     "slot_indices",

@@ -1,5 +1,6 @@
-"""README's support matrix is generated from the code's facts, and the hardware matrix workflow runs
-exactly its (CANN, torch_npu, torch) pairs, each torch being the one that torch_npu release pins."""
+"""The support matrix (docs/support.md) and README's status table are generated from the code's facts, and the
+hardware matrix workflow runs exactly the matrix's (CANN, torch_npu, torch) pairs, each torch being the one that
+torch_npu release pins."""
 
 from __future__ import annotations
 
@@ -27,11 +28,31 @@ def _load(name: str, path: Path) -> Any:
 matrix = _load("_vg_support_matrix", ROOT / "tools" / "support_matrix.py")
 
 
-def test_readme_support_matrix_is_generated_from_the_code() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_support_matrix_is_generated_from_the_code() -> None:
+    text = (ROOT / "docs" / "support.md").read_text()
     found = re.search(re.escape(matrix.BEGIN) + r".*?" + re.escape(matrix.END), text, re.S)
-    assert found, "README lost its support-matrix markers"
+    assert found, "docs/support.md lost its support-matrix markers"
     assert found.group(0) == matrix.render(), "regenerate it with: python tools/support_matrix.py --write"
+
+
+def test_readme_status_table_is_generated_from_the_code() -> None:
+    text = (ROOT / "README.md").read_text()
+    found = re.search(re.escape(matrix.STATUS_BEGIN) + r".*?" + re.escape(matrix.STATUS_END), text, re.S)
+    assert found, "README lost its support-status markers"
+    assert found.group(0) == matrix.render_status(), "regenerate it with: python tools/support_matrix.py --write"
+
+
+def test_the_status_table_flips_with_the_supported_series(monkeypatch) -> None:
+    from vendor_graph import compat
+
+    monkeypatch.setitem(compat.SUPPORTED_SERIES, "maca", ("0.16", "0.17"))
+    monkeypatch.setattr(compat, "KNOWN_BREAKAGES", {("maca", "0.18"): "lmdeploy 0.18.0's MacaOpsBackend breaks"})
+    row = next(r for r in matrix.status_rows() if r.startswith("| 0.18.x |"))
+    assert row.split(" | ")[3].startswith("**refused**: lmdeploy 0.18.0's MacaOpsBackend breaks")
+    monkeypatch.setitem(compat.SUPPORTED_SERIES, "maca", ("0.16", "0.17", "0.18"))
+    monkeypatch.setattr(compat, "KNOWN_BREAKAGES", {})
+    row = next(r for r in matrix.status_rows() if r.startswith("| 0.18.x |"))
+    assert row.split(" | ")[3].startswith("yes")
 
 
 def test_the_matrix_lists_every_known_breakage_and_supported_series() -> None:
@@ -43,7 +64,7 @@ def test_the_matrix_lists_every_known_breakage_and_supported_series() -> None:
     for vendor in ("ascend", "camb", "maca"):
         for series in SUPPORTED_SERIES[vendor]:
             assert f"| {series}.x | {vendor} |" in rows
-    assert "dlinfer.vendor.ascend.version" in rows
+    assert "dlinfer.vendor.ascend.version" in rows and "actual_seq_lengths_cpu" in rows
 
 
 def _workflow_pairs() -> list[dict[str, str]]:

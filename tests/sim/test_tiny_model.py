@@ -134,10 +134,14 @@ def test_metadata_comes_from_lmdeploys_update_step_context(variant):
         assert meta.max_kv_seq_len == -1
     else:
         assert meta.kv_start_indices.dtype == torch.int32 and meta.max_kv_seq_len == 17
-    if vendor != "ascend" and "max_q_seq_len" not in fields:  # lmdeploy 0.18: its own builder raises
-        assert not tm.lmdeploy_builds_metadata(vendor)
-        with tm.lmdeploy_step_env(vendor), pytest.raises(TypeError):
-            tm.build_decode_context(vendor, caches, [[5]], [3], [1], use_lmdeploy=True)
+    if vendor != "ascend" and "max_q_seq_len" not in fields:
+        # lmdeploy 0.18: its own builder raises without vendor_graph's fix (lmdeploy_step_env applies it for
+        # the block, as activating the vendor does)
+        assert "cu_seqlens_q_cpu" in fields and meta.kv_seqlens_cpu is meta.kv_seqlens
+        assert meta.cu_seqlens_q.tolist() == [0, 1, 2] and meta.cu_seqlens_q_cpu is meta.cu_seqlens_q
+        ctx.attn_metadata = None
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            tm.backend_class(vendor).update_step_context(ctx)
 
 
 def test_ascend_reads_its_host_lengths_not_the_device_ones():
@@ -191,6 +195,9 @@ def pad_metadata(vendor, ctx, batch):
             meta.cu_seqlens_q_cpu = torch.cat((meta.cu_seqlens_q_cpu[:1], ends))
         else:
             meta.kv_seqlens, meta.q_seqlens = pad(kv_host, 0), ends
+    elif hasattr(meta, "kv_seqlens_cpu"):  # Camb/MACA on 0.18: the decode kernel reads these names
+        meta.kv_seqlens_cpu = meta.kv_seqlens
+        meta.cu_seqlens_q = meta.cu_seqlens_q_cpu = torch.arange(batch + 1, dtype=torch.int32)
     ids = torch.cat((ctx.input_ids, torch.zeros(1, extra, dtype=torch.int64)), dim=1)
     pos = torch.cat((ctx.position_ids, torch.zeros(1, extra, dtype=torch.int64)), dim=1)
     return dict(input_ids=ids, position_ids=pos, past_key_values=ctx.kv_caches, attn_metadata=meta)

@@ -1,4 +1,4 @@
-"""The torch_npu release -> seq-len update path table (``vendor-graph paths``, the README, ``doctor``)."""
+"""The torch_npu release -> seq-len update path table (``vendor-graph paths``, docs/ascend.md, ``doctor``)."""
 
 from __future__ import annotations
 

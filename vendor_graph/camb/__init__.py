@@ -4,6 +4,8 @@ Camb runs lmdeploy's own CUDA graph runner (torch_mlu exposes a CUDA-style graph
 vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
 ``kv_start_indices`` int32 over the batch, padded with -1, and ``max_kv_seq_len`` / the max-q field
 set to -1 so the kernel derives them from the tensors instead of using the values frozen at capture.
+On lmdeploy 0.18 its own ``CambOpsBackend.update_step_context`` builds 0.18's attention metadata
+through :func:`vendor_graph.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import functools
 
 from ..adopted import build_adopted_runner
+from ..cuda_style import install_metadata_fix
 from ..vendor import VendorProfile, activation_on_import
 from .spec import camb_spec
 
 PROFILE = VendorProfile(name="camb", build_spec=camb_spec,
-                        build_runner=functools.partial(build_adopted_runner, vendor="camb"))
+                        build_runner=functools.partial(build_adopted_runner, vendor="camb"),
+                        extra_setup=functools.partial(install_metadata_fix, vendor="camb"))
 activate = activation_on_import(PROFILE)
 
 __all__ = ["PROFILE", "activate", "camb_spec"]

@@ -4,6 +4,8 @@ MACA runs lmdeploy's own CUDA graph runner (the MACA torch build is CUDA-compati
 vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
 ``kv_start_indices`` int64 shaped ``(max_batches, 1)``, padded with -1, and the max-length ints at
 -1 (lmdeploy's MACA backend already passes -1 when decoding; kept explicit).
+On lmdeploy 0.18 its own ``MacaOpsBackend.update_step_context`` builds 0.18's attention metadata
+through :func:`vendor_graph.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import functools
 
 from ..adopted import build_adopted_runner
+from ..cuda_style import install_metadata_fix
 from ..vendor import VendorProfile, activation_on_import
 from .spec import maca_spec
 
 PROFILE = VendorProfile(name="maca", build_spec=maca_spec,
-                        build_runner=functools.partial(build_adopted_runner, vendor="maca"))
+                        build_runner=functools.partial(build_adopted_runner, vendor="maca"),
+                        extra_setup=functools.partial(install_metadata_fix, vendor="maca"))
 activate = activation_on_import(PROFILE)
 
 __all__ = ["PROFILE", "activate", "maca_spec"]

@@ -1,0 +1,1 @@
+"""Stand-in ``dlinfer.vendor.camb`` (tests only): see ``camb_ops``."""

@@ -1,0 +1,1 @@
+"""Stand-in ``dlinfer.vendor.maca`` (tests only): see ``maca_ops``."""
