@@ -11,6 +11,7 @@
 #                                    # sizes fitted to a recorded histogram vs the default ones in ABBA rounds,
 #                                    # the VENDOR_GRAPH_PLAN=auto path, and graph memory kept out of the KV cache
 #   bash benchmarks/h200.sh part4b   # (a) again (~8.5 min): fitted to two runs after a kernel-cache warm run
+#   bash benchmarks/h200.sh part5    # lmdeploy 0.18: Camb/MACA conformance --graph-backend cuda and their demos
 #   bash benchmarks/h200.sh dry      # on a CPU box: every part1 task on the simulator, small sizes
 #   bash benchmarks/h200.sh dry3     # on a CPU box: every part3 piece that runs without a GPU, and its report
 #   bash benchmarks/h200.sh dry4     # on a CPU box: part4's fake results through the real plan command, the report
@@ -20,7 +21,7 @@
 # and stubs/xgrammar; see BENCHMARKS.md for how they are made. The machine's own torch, triton and
 # transformers are used.
 set -u
-part=${1:?part1, part2, part3, part4, part4b, dry, dry3 or dry4}
+part=${1:?part1, part2, part3, part4, part4b, part5, dry, dry3 or dry4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -265,6 +266,17 @@ elif [ "$part" = part4 ] || [ "$part" = part4b ]; then
     abba_rounds 1 6
   fi
   cp "$logs/steps.txt" "$res/steps_$part.txt"; tar czf "$OUT/results_$part.tgz" -C "$res" .
+elif [ "$part" = part5 ]; then
+  # Camb and MACA on lmdeploy 0.18 (vendor_graph's metadata fix, decode through lmdeploy's DlinferAttentionImpl)
+  # on real CUDA graphs: the conformance checks that take --graph-backend, and the demo of each vendor.
+  export PYTHONPATH=$(lmdeploy_path 018)
+  step conformance_018 240 "$py" -m pytest -q -p no:cacheprovider -rs tests/conformance/test_camb_maca_lmdeploy_path.py \
+    tests/conformance/test_cuda_runner.py tests/conformance/test_decode_parity.py -k "camb or maca" \
+    --graph-backend cuda --junitxml="$logs/conformance_018.xml"
+  for vendor in camb maca; do
+    step "demo_${vendor}_018" 90 "$py" -m vendor_graph demo --vendor "$vendor" --backend cuda --steps 32 --seqs 16 \
+      --json "$logs/demo_${vendor}_018.json"
+  done
 else
   echo "unknown part $part" >&2
   exit 2

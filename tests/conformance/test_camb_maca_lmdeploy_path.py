@@ -21,7 +21,9 @@ pytestmark = pytest.mark.skipif(not VENDORS, reason=f"Camb/MACA unsupported on l
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_decode_goes_through_lmdeploys_attention_to_the_vendor_kernel_with_device_lengths(vendor, monkeypatch):
+def test_decode_goes_through_lmdeploys_attention_to_the_vendor_kernel_with_device_lengths(vendor, cuda_style_backend,
+                                                                                          monkeypatch):
+    device = "npu" if cuda_style_backend == "sim" else harness.REAL_BACKENDS[cuda_style_backend]
     calls = []
     decode = dlinfer.ops.paged_decode_attention
 
@@ -30,13 +32,13 @@ def test_decode_goes_through_lmdeploys_attention_to_the_vendor_kernel_with_devic
         return decode(query, key_cache, value_cache, block_table, block_size, q_seq_len, kv_seq_len, *args, **kwargs)
 
     monkeypatch.setattr(dlinfer.ops, "paged_decode_attention", spy)  # lmdeploy's kernel looks it up per call
-    pair = harness.run(vendor, 3, steps=18, num_seqs=9)
+    pair = harness.run(vendor, 3, steps=18, num_seqs=9, backend=cuda_style_backend)
     assert not pair.mismatches, pair.mismatches[:3]
     assert pair.runner.stats.replays > 0 and pair.runner.stats.captures >= 2
     # two layers, each called it in every eager step and twice per capture (lmdeploy's runner warms up
     # first); replays run the captured kernels
     assert len(calls) == 2 * (18 + 2 * pair.runner.stats.captures)
-    assert {(q, kv) for q, kv, _ in calls} == {("npu", "npu")}
+    assert {(q, kv) for q, kv, _ in calls} == {(device, device)}
     if RELEASE_018:
         assert cuda_style.metadata_fix_installed(importlib.import_module(
             f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend").__dict__[f"{vendor.capitalize()}OpsBackend"])
