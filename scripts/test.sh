@@ -7,7 +7,8 @@
 # The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
 # generation) runs every generation on the last release (after the host suites, or G4 G5 after the sim
 # suites where the mutation checks run on the last release: the two cores balanced) and G1 + G5 plus its
-# other tests (MoE path, multi-token gate, demo) on the others; VENDOR_GRAPH_DLINFER_SRC names the dlinfer it
+# other tests (MoE path, multi-token gate, demo) on the others (G1 and those after the sim suites where the
+# mutation checks run); VENDOR_GRAPH_DLINFER_SRC names the dlinfer it
 # runs (unset and no dlinfer installed: it skips).
 # The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
 # supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
@@ -48,6 +49,14 @@ if [ -n "${VENDOR_GRAPH_DLINFER_SRC:-}" ]; then  # absolute: tests run children 
   VENDOR_GRAPH_DLINFER_SRC=$(cd "$VENDOR_GRAPH_DLINFER_SRC" && pwd)
   export VENDOR_GRAPH_DLINFER_SRC
 fi
+# The oldest-torch environment is mostly a download (about 2.5 GB on a fresh machine): made in the background
+# while the legs before it run.
+oldest_setup=
+if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
+  "$root/scripts/setup-oldest-torch.sh" > "$reports/oldest-setup.log" 2>&1 &
+  oldest_setup=$!
+  trap 'kill "$oldest_setup" 2>/dev/null; rm -rf "$reports"' EXIT
+fi
 for version in $versions; do
   py=$("$root/scripts/setup-test-env.sh" "$version")
   echo "=== lmdeploy $version"
@@ -66,6 +75,9 @@ for version in $versions; do
       real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5} real_sim= real_rest=
     fi
     schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-80} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
+  elif [ -n "$mutations" ]; then  # the host suites carry the mutation checks: G1 and the other tests to the sim core
+    real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G5} real_sim=G1 real_rest=sim
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-20} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
   else
     real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1} real_sim=G5 real_rest=host
     schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-20} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
@@ -81,7 +93,9 @@ for version in $versions; do
   VENDOR_GRAPH_RANDOM_SCHEDULES=$schedules VENDOR_GRAPH_PROPERTY_EXAMPLES=$examples \
     "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
-  if [ -n "$real_sim" ]; then real_stack sim "$real_sim" matrix "$@" || status=1; fi
+  if [ -n "$real_sim" ]; then
+    real_stack sim "$real_sim" "$([ "$real_rest" = sim ] && echo all || echo matrix)" "$@" || status=1
+  fi
   wait "$host" || status=1
   echo "--- host suites (tests/unit tests/lmdeploy $mutations $contract):"
   cat "$reports/$version-host.log"
@@ -92,6 +106,7 @@ done
 if [ "${VENDOR_GRAPH_SKIP_OLDEST_TORCH:-0}" != 1 ]; then
   echo "=== oldest torch"
   start=$SECONDS
+  wait "$oldest_setup" || { cat "$reports/oldest-setup.log"; echo "the oldest-torch environment failed to set up" >&2; }
   "$root/scripts/test-oldest-torch.sh" --junitxml="$reports/oldest-torch.xml" "$@" || status=1
   echo "=== oldest torch: $((SECONDS - start)) s (environment included)"
 fi
