@@ -106,8 +106,12 @@ class SideBySide:
         graph_tokens = self.graph.step(active, run=keep("graph", self.graph_step))
         n = len(active)
         rows = n * self.eager.query_len  # every query token of every live sequence
-        e = hidden["eager"].reshape(-1, hidden["eager"].shape[-1])[:rows].cpu()
-        g = hidden["graph"].reshape(-1, hidden["graph"].shape[-1])[:rows].cpu()
+        got, want = hidden["graph"], hidden["eager"]
+        if got.shape != want.shape or got.dtype != want.dtype:  # what lmdeploy's sampler receives, not padded
+            self.mismatches.append(f"step {self.steps} batch {n}: the runner returned {tuple(got.shape)} {got.dtype}, "
+                                   f"eager {tuple(want.shape)} {want.dtype}")
+        e = want.reshape(-1, want.shape[-1])[:rows].cpu()
+        g = got.reshape(-1, got.shape[-1])[:rows].cpu()
         if not torch.equal(e, g):
             diff = float((e - g).abs().max())
             self.max_abs_diff = max(self.max_abs_diff, diff)

@@ -570,14 +570,15 @@ class Conformance:
         if problem is not None:
             self.record.prefill = f"by decode steps: {problem}"
 
-    def _step(self, side: Side, seqs: list[Sequence_], decoding: bool) -> torch.Tensor:
+    def _step(self, side: Side, seqs: list[Sequence_], decoding: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The runner's whole output (what lmdeploy receives) and each sequence's last row."""
         inputs = model_inputs(seqs, decoding, self.built.device)
         hidden = forward(self.built, side.runner, inputs, side.caches)
         q = [1] * len(seqs) if decoding else [len(s.tokens) - s.cached for s in seqs]
         rows = last_rows(hidden, q)
         for s, n in zip(seqs, q, strict=True):
             s.cached += n
-        return rows
+        return hidden, rows
 
     def _ingest_by_decode(self, eager_seqs: list[Sequence_], graph_seqs: list[Sequence_], what: str) -> None:
         """Prompts fed one token per decode step, all but their last token (which the next decode feeds)."""
@@ -593,11 +594,14 @@ class Conformance:
     def _both(self, eager_seqs: list[Sequence_], graph_seqs: list[Sequence_], decoding: bool, what: str,
               generate: bool = True) -> None:
         with torch.inference_mode():
-            a = self._step(self.eager, eager_seqs, decoding)
-            b = self._step(self.graph, graph_seqs, decoding)
+            whole_a, a = self._step(self.eager, eager_seqs, decoding)
+            whole_b, b = self._step(self.graph, graph_seqs, decoding)
             logits_a = self.eager.runner.get_logits(a.unsqueeze(0))[0].float()
             logits_b = self.graph.runner.get_logits(b.unsqueeze(0))[0].float()
         self.written.update(live_slots(eager_seqs))
+        if whole_b.shape != whole_a.shape or whole_b.dtype != whole_a.dtype:  # not padded: what lmdeploy receives
+            self.record.mismatches.append(f"{what}: the runner returned {tuple(whole_b.shape)} {whole_b.dtype}, "
+                                          f"eager {tuple(whole_a.shape)} {whole_a.dtype}")
         rtol, atol = TOLERANCE
         if not torch.allclose(a.cpu().float(), b.cpu().float(), rtol=rtol, atol=atol):
             diff = (a.cpu().float() - b.cpu().float()).abs().max().item()
