@@ -77,8 +77,8 @@ def metadata_for_018(metadata_cls: type):
     """The ``attn_meta_cls`` lmdeploy 0.18's Camb/MACA ``update_step_context`` call, building 0.18's
     ``DlinferAttentionMetadata``: the renamed keywords under their new names, ``cu_seqlens_q`` (the cumulative
     query ends those backends pass as ``q_start_loc``), and ``cu_seqlens_q_cpu`` / ``kv_seqlens_cpu``: in
-    decode the device tensors themselves (their decode kernels run on the device), in prefill host copies
-    (what the names promise; prefill is never captured). What the backend sets itself is kept."""
+    decode always the device tensors themselves (their decode kernels run on the device), in prefill host
+    copies unless the backend set them (what the names promise; prefill is never captured)."""
     fields = {f.name for f in dataclasses.fields(metadata_cls)}
 
     def build(is_decoding: bool, block_offsets: torch.Tensor, **kwargs: Any):
