@@ -21,6 +21,16 @@ from vendor_graph import patching  # noqa: E402
 patching.quiet_imports().__enter__()  # for the whole session
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, lmdeploy, every test module) is never garbage: kept out of the
+    cyclic collector, so each graph capture's ``gc.collect()`` (torch's graph context runs one, and so
+    does the simulator's) walks only what tests make."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _no_vendor_active():
     """Each test starts and ends with no vendor active (importing vendor_graph.<vendor>.<module>

@@ -4,6 +4,7 @@ step, on the simulator, and check every step (tests/conformance and tools/soak.p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import random
 import sys
@@ -193,11 +194,40 @@ class SideBySide:
             session.block_tables[slot] = table
             session.tokens[slot] = list(prompt) + [int(self.model.get_logits(hidden).argmax(-1)[0])]
 
-    def run(self, plan: list[list[int]], replacements: dict[int, tuple[int, list[int]]]) -> None:
+    def reallocate_kv(self) -> None:
+        """The graph session's KV caches move to fresh memory with the same bytes (a wake-up, or a cache
+        engine rebuilt): a graph captured on the old caches is stale and must not be replayed."""
+        self.graph.kv_caches = [tuple(t.clone() for t in layer) for layer in self.graph.kv_caches]
+
+    def update_weights(self, *, moved: bool) -> None:
+        """New weights for both sessions (they share the model). ``moved``: new parameter tensors in place
+        of the old ones and the runner reset, as lmdeploy's ``update_params`` does; otherwise the values
+        are copied into the same tensors, which a captured graph reads at its next replay."""
+        for module in self.model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is None:
+                    continue
+                scaled = param * 1.0625
+                if moved:
+                    module._parameters[name] = torch.nn.Parameter(scaled, requires_grad=False)
+                else:
+                    param.copy_(scaled)
+        if moved:
+            self.runner.reset()
+
+    def run(self, plan: list[list[int]], replacements: dict[int, tuple[int, list[int]]],
+            events: dict[int, tuple[str, ...]] | None = None) -> None:
+        """Step through ``plan``; after step ``i``, ``replacements[i]`` (a sequence finishes, a new one
+        joins in its slot) and ``events[i]``: ``"realloc_kv"``, ``"weights_moved"``, ``"weights_in_place"``."""
+        actions = {"realloc_kv": self.reallocate_kv,
+                   "weights_moved": lambda: self.update_weights(moved=True),
+                   "weights_in_place": lambda: self.update_weights(moved=False)}
         for step, active in enumerate(plan):
             self.step(active)
             if step in replacements:
                 self.replace(*replacements[step])
+            for event in (events or {}).get(step, ()):
+                actions[event]()
 
 
 @contextlib.contextmanager
@@ -238,7 +268,9 @@ REAL_TOLERANCE = (1e-5, 1e-6)  # (rtol, atol) on float32 hidden states and KV by
 
 def run(vendor: str, seed: int, *, generation: str | None = None, attention: str = "fia", steps: int = 64,
         num_seqs: int = 20, max_batches: int | None = None, query_len: int = 1,
-        backend: str = "sim", capture_sizes: list[int] | None = None) -> SideBySide:
+        backend: str = "sim", capture_sizes: list[int] | None = None, plan: list[list[int]] | None = None,
+        replacements: dict[int, tuple[int, list[int]]] | None = None,
+        events: dict[int, tuple[str, ...]] | None = None, num_blocks: int | None = None) -> SideBySide:
     """One seeded schedule of ``steps`` decode steps, eager and graph side by side.
 
     ``backend="sim"``: Ascend runs on the simulated torch_npu of ``generation``; Camb and MACA run
@@ -249,7 +281,10 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     within :data:`REAL_TOLERANCE`, greedy tokens equal. Inspect ``.mismatches`` afterwards.
     ``query_len`` > 1 (Ascend): every step feeds that many tokens per sequence (speculative decoding,
     see :class:`~vendor_graph_sim.tiny_model.DecodeSession`), so graphs are keyed and sized by it.
-    ``capture_sizes``: lmdeploy's ``cudagraph_capture_batch_sizes``.
+    ``capture_sizes``: lmdeploy's ``cudagraph_capture_batch_sizes``. ``plan`` (the live sequences of
+    every step), ``replacements`` and ``events`` (see :meth:`SideBySide.run`) replace the seeded
+    :func:`schedule` and :func:`retirements`. ``num_blocks``: KV blocks per cache (default the tiny
+    model's 128; a few hundred live sequences need more).
     """
     import vendor_graph
 
@@ -267,17 +302,20 @@ def run(vendor: str, seed: int, *, generation: str | None = None, attention: str
     with device_api, torch.inference_mode():
         streams = torch.npu if vendor == "ascend" else torch.cuda
         with streams.stream(streams.Stream()):  # lmdeploy's agent runs its forward on a side stream
-            model = tm.TinyDecoder(vendor, ascend_attention=attention, device=device)
+            config = tm.TinyConfig()
+            config = config if num_blocks is None else dataclasses.replace(config, num_blocks=num_blocks)
+            model = tm.TinyDecoder(vendor, config, ascend_attention=attention, device=device)
             configs = lmdeploy_configs(vendor, model, max_batches or num_seqs, capture_sizes, query_len=query_len)
             with step_manager(vendor, configs.model_config, query_len=query_len) as mgr:
-                texts = prompts(num_seqs, seed)
+                eager = tm.DecodeSession(model, prompts(num_seqs, seed), device=device, seed=seed,
+                                         query_len=query_len)
                 pair = SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr, device),
-                                  eager=tm.DecodeSession(model, texts, device=device, seed=seed, query_len=query_len),
-                                  graph=tm.DecodeSession(model, texts, device=device, seed=seed, query_len=query_len),
+                                  eager=eager, graph=eager.twin(),
                                   tolerance=None if backend == "sim" else REAL_TOLERANCE)
                 if backend == "sim":
                     sim.reset_counters()
-                pair.run(schedule(num_seqs, steps, seed), retirements(num_seqs, steps, seed))
+                pair.run(schedule(num_seqs, steps, seed) if plan is None else plan,
+                         retirements(num_seqs, steps, seed) if replacements is None else replacements, events)
                 if backend == "sim":
                     pair.counters = sim.counters.snapshot()
     return pair
@@ -312,10 +350,9 @@ def ascend_pair(generation: str = "G5", *, num_seqs: int = 6, seed: int = 0, att
         model = tm.TinyDecoder("ascend", ascend_attention=attention, device="npu")
         configs = lmdeploy_configs("ascend", model, max_batches or num_seqs)
         with step_manager("ascend", configs.model_config) as mgr:
-            texts = prompts(num_seqs, seed)
+            eager = tm.DecodeSession(model, prompts(num_seqs, seed), device="npu", seed=seed)
             yield SideBySide(model=model, runner=_build_runner("ascend", model, configs, mgr),
-                             eager=tm.DecodeSession(model, texts, device="npu", seed=seed),
-                             graph=tm.DecodeSession(model, texts, device="npu", seed=seed))
+                             eager=eager, graph=eager.twin())
 
 
 @contextlib.contextmanager
@@ -335,8 +372,7 @@ def cuda_style_pair(vendor: str = "camb", backend: str = "sim", *, num_seqs: int
         model = tm.TinyDecoder(vendor, device=device)
         configs = lmdeploy_configs(vendor, model, max_batches or num_seqs)
         with step_manager(vendor, configs.model_config) as mgr:
-            texts = prompts(num_seqs, seed)
+            eager = tm.DecodeSession(model, prompts(num_seqs, seed), device=device, seed=seed)
             yield SideBySide(model=model, runner=_build_runner(vendor, model, configs, mgr, device),
-                             eager=tm.DecodeSession(model, texts, device=device, seed=seed),
-                             graph=tm.DecodeSession(model, texts, device=device, seed=seed),
+                             eager=eager, graph=eager.twin(),
                              tolerance=None if backend == "sim" else REAL_TOLERANCE)

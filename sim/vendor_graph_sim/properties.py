@@ -68,10 +68,9 @@ def _pair(s: Schedule):
         with step_manager("ascend", configs.model_config) as mgr:
             from .harness import _build_runner
 
-            texts = [list(p) for p in s.prompts]
+            eager = tm.DecodeSession(model, [list(p) for p in s.prompts], device="npu")
             yield SideBySide(model=model, runner=_build_runner("ascend", model, configs, mgr),
-                             eager=tm.DecodeSession(model, texts, device="npu"),
-                             graph=tm.DecodeSession(model, texts, device="npu"))
+                             eager=eager, graph=eager.twin())
 
 
 def _slots_written(session: tm.DecodeSession, live, lengths: dict[int, int]) -> set[tuple[int, int]]:

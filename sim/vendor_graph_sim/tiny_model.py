@@ -21,6 +21,7 @@ Needs lmdeploy at import. lmdeploy's dlinfer backends import ``dlinfer``: on a C
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import math
@@ -685,6 +686,17 @@ class DecodeSession:
         hidden = prefill(model, self.kv_caches, self.block_tables, self.tokens)
         for seq, tok in zip(self.tokens, model.get_logits(hidden).argmax(-1).tolist(), strict=True):
             seq.append(int(tok))
+
+    def twin(self) -> DecodeSession:
+        """An independent session in this one's exact state (KV bytes, block tables, free blocks, tokens):
+        the second side of a side-by-side run without prefilling every prompt again."""
+        other = object.__new__(DecodeSession)
+        other.__dict__.update(self.__dict__)
+        other.kv_caches = [tuple(t.clone() for t in layer) for layer in self.kv_caches]
+        other.allocator = copy.deepcopy(self.allocator)
+        other.block_tables = [list(t) for t in self.block_tables]
+        other.tokens = [list(t) for t in self.tokens]
+        return other
 
     def query_tokens(self, seq: int) -> list[int]:
         """What sequence ``seq`` feeds in its next step: its last token, then the drafts."""
