@@ -132,6 +132,7 @@ def _h200_reports() -> str:
     parts = [h200.markdown(h200.summarise(RESULTS / "h200"))]
     for folder in ("capacity_h200", "capacity_refit_h200"):
         parts.append("\n".join(capacity.markdown(capacity.report(RESULTS / folder))))
+    parts += [p.read_text() for p in sorted((RESULTS / "graph_leaks").glob("*"))]  # the leak runs' own output
     return "\n".join(parts)
 
 
