@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 
 import pytest
 from vendor_graph_sim.harness import run, schedule
@@ -22,7 +23,10 @@ RELEASE = compat.series(compat.installed_lmdeploy_version())
 STEPS = 64
 NUM_SEQS = 20
 SCHEDULES = int(os.environ.get("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "1"))
-GRAPH_GENERATIONS = [g for g in GENERATION_FACTS if g != "G0"]
+# VENDOR_GRAPH_CONFORMANCE_GENERATIONS: the generations the parity matrix runs (default every one with a graph
+# API; the test command runs them all on the last lmdeploy release and G1 G5, one per update path, on the others).
+GRAPH_GENERATIONS = os.environ.get("VENDOR_GRAPH_CONFORMANCE_GENERATIONS", "").split() or [
+    g for g in GENERATION_FACTS if g != "G0"]
 
 
 def used_buckets(runner, plan):
@@ -91,3 +95,46 @@ def test_camb_maca_on_lmdeploys_cuda_runner_match_eager(cuda_style_backend, vend
         assert pair.runner.stats.replays == STEPS - len(used)
         assert sum(b.captures for b in pair.runner.stats.buckets.values()) == len(used)
         assert not pair.runner.eager_reasons()
+
+
+# Batches that jump across buckets and shrink within them on max_batches 64: a smaller batch replaying the
+# graph a larger one just used must read padding, not the larger one's rows, in every buffer.
+SHRINKING = [4, 3, 2, 1, 32, 17, 20, 64, 49, 33, 16, 9, 5, 64, 33]
+# The graph each batch takes: Ascend's three tiers (powers of two to 16, multiples of 16 to 256) and
+# lmdeploy's CUDA rule (powers of two to 256) that Camb and MACA keep.
+ASCEND_BUCKET = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 9: 16, 16: 16, 17: 32, 20: 32, 32: 32, 33: 48, 49: 64, 64: 64}
+CUDA_BUCKET = {**ASCEND_BUCKET, 33: 64}
+REALLOCATED_AFTER = 7  # the caches move after the first batch of 64; the next step (49) replays its graph
+
+
+def _shrinking_plan() -> list[list[int]]:
+    rng = random.Random(0)
+    return [sorted(rng.sample(range(64), n)) for n in SHRINKING]
+
+
+def _shrinking_within_buckets(vendor: str, backend: str, generation: str | None = None, attention: str = "fia"):
+    """Every step equals eager (hidden states, tokens, padding rows, every KV byte), each batch takes the
+    graph of its documented bucket, and the KV caches moving mid-run recapture the graph that read them."""
+    pair = run(vendor, 0, generation=generation, attention=attention, num_seqs=64, max_batches=64,
+               plan=_shrinking_plan(), replacements={}, events={REALLOCATED_AFTER: ("realloc_kv",)},
+               num_blocks=64 * 4 + 1, backend=backend)
+    assert not pair.mismatches, pair.mismatches[:5]
+    if vendor == "ascend":
+        table, captured = ASCEND_BUCKET, {k.padded_batch for k in pair.runner.graphs()}
+    else:
+        table, captured = CUDA_BUCKET, {k[0] for k in compat.cuda_runner_graphs(pair.runner)}
+    assert captured == {table[n] for n in SHRINKING}
+    stats = pair.runner.stats
+    assert {size: b.stale_recaptures for size, b in stats.buckets.items() if b.stale_recaptures} == {64: 1}
+    assert stats.replays + stats.captures == len(SHRINKING)
+
+
+@pytest.mark.parametrize("generation,attention", [("G1", "fia"), ("G5", "fia"), ("G5", "paged_attention")])
+def test_ascend_batches_shrinking_within_their_bucket_match_eager(sim_backend, generation, attention):
+    _shrinking_within_buckets("ascend", sim_backend, generation, attention)
+
+
+@pytest.mark.skipif(RELEASE not in compat.SUPPORTED_SERIES["camb"], reason=f"Camb/MACA unsupported on {RELEASE}")
+@pytest.mark.parametrize("vendor", ["camb", "maca"])
+def test_camb_maca_batches_shrinking_within_their_bucket_match_eager(cuda_style_backend, vendor):
+    _shrinking_within_buckets(vendor, cuda_style_backend)

@@ -22,7 +22,9 @@ from vendor_graph import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = compat.series(compat.installed_lmdeploy_version())
-ASCEND_PARITY = "tests/conformance/test_decode_parity.py::test_ascend_graph_matches_eager_and_refreshes_seqlens"
+PARITY = "tests/conformance/test_decode_parity.py"
+ASCEND_PARITY = f"{PARITY}::test_ascend_graph_matches_eager_and_refreshes_seqlens"
+ASCEND_SHRINKING = f"{PARITY}::test_ascend_batches_shrinking_within_their_bucket_match_eager"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,16 @@ MUTATIONS = (
         "                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))\n",
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
+    Mutation(
+        "Ascend buckets above 16 rounded to multiples of 32, not 16", "ascend/buckets.py",
+        "        return -(-batch // 16) * 16",
+        "        return -(-batch // 32) * 32",
+        (f"{ASCEND_SHRINKING}[G5-fia]",)),
+    Mutation(
+        "stale-graph check skipped before a replay", "step.py",
+        "        stale = self.guard.check(key, kwargs)",
+        "        stale = None",
+        (f"{ASCEND_SHRINKING}[G5-fia]",)),
     Mutation(
         "host wait before NPUGraph.update put back", "ascend/runner.py",
         "                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order",
