@@ -12,9 +12,10 @@
 # runs (unset and no dlinfer installed: it skips).
 # The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
 # supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
-# The random schedules / property examples run 80/20 on the last release and 20/10 on the others (they
-# exercise the runners, whose lmdeploy-facing parts every release's other suites cover; tools/soak.py runs any
-# number).
+# The random schedules / property examples run 120/20 on the last release and 60/10 on the others (240 seeded
+# schedules a run; tools/soak.py runs any number), and the decode parity matrix runs every torch_npu generation
+# on the last release and G1 G5 (one per seq-len update path) on the others: they exercise the runners, whose
+# lmdeploy-facing parts every release's other suites cover.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 reports=$(mktemp -d)
@@ -74,13 +75,16 @@ for version in $versions; do
     else
       real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5} real_sim= real_rest=
     fi
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-80} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-120} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
+    generations=${VENDOR_GRAPH_CONFORMANCE_GENERATIONS:-}
   elif [ -n "$mutations" ]; then  # the host suites carry the mutation checks: G1 and the other tests to the sim core
     real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G5} real_sim=G1 real_rest=sim
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-20} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-60} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+    generations=${VENDOR_GRAPH_CONFORMANCE_GENERATIONS:-G1 G5}
   else
     real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G1} real_sim=G5 real_rest=host
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-20} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-60} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-10}
+    generations=${VENDOR_GRAPH_CONFORMANCE_GENERATIONS:-G1 G5}
   fi
   [ -n "${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-}" ] && real_sim= real_rest=host
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
@@ -91,7 +95,7 @@ for version in $versions; do
     [ "$host_rc" = 0 ] && exit "$rc" || exit "$host_rc" ) &
   host=$!
   VENDOR_GRAPH_RANDOM_SCHEDULES=$schedules VENDOR_GRAPH_PROPERTY_EXAMPLES=$examples \
-    "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
+    VENDOR_GRAPH_CONFORMANCE_GENERATIONS=$generations "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-sim.xml" tests/sim tests/conformance "$@" \
     || status=1
   if [ -n "$real_sim" ]; then
     real_stack sim "$real_sim" "$([ "$real_rest" = sim ] && echo all || echo matrix)" "$@" || status=1

@@ -52,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the record: read to resume, rewritten as it runs")
     parser.add_argument("--property", type=int, default=None, metavar="N",
                         help="run N hypothesis examples of the property-based check instead (seed: --start)")
+    parser.add_argument("--render", action="store_true", help="only rewrite the markdown beside the record")
     args = parser.parse_args(argv)
+    if args.render:
+        record = json.loads(Path(args.out).read_text())
+        Path(args.out).with_suffix(".md").write_text("\n".join(_markdown(record)) + "\n")
+        return 0
     if args.count < 1 or args.workers < 1 or args.start < 0:
         parser.error("--count and --workers must be positive, --start not negative")
     if args.property is not None:
@@ -223,6 +228,22 @@ def _write_record(path: Path, record: dict) -> None:
         record[key] = {k: record[key][k] for k in sorted(record[key])}
     record["by_dimension"] = {k: dict(sorted(v.items())) for k, v in record["by_dimension"].items()}
     write_atomic(path, json.dumps(record, indent=1) + "\n")
+    write_atomic(path.with_suffix(".md"), "\n".join(_markdown(record)) + "\n")
+
+
+def _markdown(record: dict) -> list[str]:
+    seeds = ", ".join(f"{lo}-{hi}" for lo, hi in record["seeds"])
+    lines = [f"# Soak: {record['schedules']} schedules, {record['divergences']} divergent", "",
+             f"Seeds {seeds}; {record['steps']} decode steps; {record['graph']['captures']} captures, "
+             f"{record['graph']['replays']} replays, {record['graph']['stale_recaptures']} stale-graph recaptures, "
+             f"{record['graph']['eager_steps']} eager steps; {record['wall_seconds']} s wall, "
+             f"{record['worker_seconds']} s in workers; lmdeploy {record['lmdeploy']}, torch {record['torch']}.", "",
+             "| configuration | schedules | divergent |", "|---|---|---|"]
+    lines += [f"| {name} | {c['schedules']} | {c['divergences']} |" for name, c in record["by_config"].items()]
+    lines += ["", "| dimension | schedules by value |", "|---|---|"]
+    lines += [f"| {dim} | " + ", ".join(f"{v}: {n}" for v, n in values.items()) + " |"
+              for dim, values in record["by_dimension"].items()]
+    return lines
 
 
 def soak_property(args: argparse.Namespace) -> int:
