@@ -314,7 +314,7 @@ def runner_document(runner: Any) -> dict[str, Any]:
     }
 
 
-def _rank() -> tuple[int, int]:
+def process_rank() -> tuple[int, int]:
     """(rank, world size) of this process: torch.distributed's when initialised, else RANK / WORLD_SIZE."""
     dist = sys.modules.get("torch.distributed")
     try:
@@ -352,7 +352,7 @@ def document(reason: str) -> dict[str, Any] | None:
         return None
     parts = [runner_document(r) for r in runners]
     parts.sort(key=lambda d: -d["decode_steps"])
-    rank, world_size = _rank()
+    rank, world_size = process_rank()
     doc = {"format": FORMAT, "rank": rank, "world_size": world_size, "pid": os.getpid(),
            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason, **parts[0]}
     if len(parts) > 1:

@@ -9,11 +9,12 @@ a failed capture, inputs the graph cannot serve or a shadow check that disagrees
 from __future__ import annotations
 
 import logging
+import os
 import time
 from abc import ABCMeta, abstractmethod
 from typing import Any
 
-from . import faults, patching, stats, switches
+from . import faults, patching, ranks, stats, switches
 from .buffers import GraphInputsChanged
 from .guard import StaleGraphGuard
 from .key import GraphKey
@@ -118,6 +119,10 @@ class StepPolicy:
         self._progress: stats.CaptureProgress | None = None
         switches.apply_debug()
         stats.register(backend)
+        intact = patching.ensure_owned("where a graph runner was built")
+        rank, world = stats.process_rank()
+        logger.info("%s: graph runner built on rank %d of %d (pid %d); vendor_graph's patches %s", backend.label,
+                    rank, world, os.getpid(), "in place" if intact else "restored")
 
     def step(self, kwargs: dict[str, Any]) -> Any:
         backend = self.backend
@@ -194,10 +199,22 @@ class StepPolicy:
         try:
             outputs = backend.capture(key, kwargs)
         except CaptureFailed as exc:
+            ranks.peers_failed(False)
             return self._capture_failed(key, kwargs, own, exc, exc.__cause__ or exc)
         except Exception as exc:  # noqa: BLE001 - any capture failure: this key runs eager, serving goes on
             backend.release(key)
+            ranks.peers_failed(False)
             return self._capture_failed(key, kwargs, own, CaptureFailed(str(exc)), exc)
+        failed = ranks.peers_failed(True)
+        if failed:  # this step's outputs are right; the key runs eager from now on, as on the ranks that failed
+            backend.release(key)
+            reason = (f"capture failed on rank(s) {failed}: this key runs eager on every rank, so their "
+                      f"collectives match")
+            logger.warning("%s: %s runs eager: %s", backend.label, key, reason)
+            self.eager_reasons[key] = reason
+            if self._progress is not None:
+                self._progress.captured(key.padded_batch)
+            return outputs
         seconds = time.perf_counter() - start
         memory_after = backend.device_memory()
         nbytes = None if memory_before is None or memory_after is None else max(0, memory_after - memory_before)

@@ -1,0 +1,135 @@
+"""Two ranks on the simulator (gloo on loopback), a capture fault injected on one rank only: both ranks take
+the same path for that key from then on (eager on both), the other keys capture and replay on both, and
+every step on both ranks equals eager; each rank logs the runner it built, with its rank. With the
+agreement removed the ranks part ways: one replays the graph while the other runs eagerly, which in a
+tensor-parallel engine mismatches their collectives."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from vendor_graph import compat
+
+# The agreement does not depend on lmdeploy (two processes each): once per test run, in the newest release's leg.
+_NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
+_HERE = compat.installed_lmdeploy_version()
+pytestmark = pytest.mark.skipif(_HERE is not None and compat.series(_HERE) != _NEWEST,
+                                reason=f"release-independent: runs once per test run, with lmdeploy {_NEWEST}")
+
+RANK_SCRIPT = textwrap.dedent("""
+    import datetime, json, sys
+
+    import torch.distributed as dist
+
+    rank, world, port, out, agreement = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    from vendor_graph_sim import device as sim
+    from vendor_graph_sim import harness, standins
+
+    standins.use_standin_dlinfer_if_missing()
+    sim.install()
+    from vendor_graph import ranks
+    from vendor_graph.ascend import hook
+
+    import logging
+
+    built = []
+    handler = logging.Handler()
+    handler.emit = lambda record: built.append(record.getMessage()) if "graph runner built" in record.getMessage() \
+        else None
+    logging.getLogger("vendor_graph").addHandler(handler)
+    logging.getLogger("vendor_graph").setLevel(logging.INFO)
+    if agreement == "off":
+        ranks.peers_failed = lambda ok: []  # the agreement removed
+    PLAN = [[0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1], [0, 1, 2, 3]]
+    paths = []
+    with harness.ascend_pair("G5", num_seqs=6) as pair:
+        model_cls = type(pair.model)
+        forward = model_cls.forward
+        raised = []
+
+        def failing_forward(self, *args, **kwargs):
+            if rank == 1 and hook.capturing() and not raised:  # rank 1's first capture (bucket 2) only
+                raised.append(1)
+                raise RuntimeError("injected: capture fault on rank 1")
+            return forward(self, *args, **kwargs)
+
+        model_cls.forward = failing_forward
+        for active in PLAN:
+            stats = pair.runner.stats
+            before = (stats.replays, sum(stats.eager_steps.values()), stats.captures,
+                      sum(b.capture_failures for b in stats.buckets.values()))
+            pair.step(active)
+            stats = pair.runner.stats
+            after = (stats.replays, sum(stats.eager_steps.values()), stats.captures,
+                     sum(b.capture_failures for b in stats.buckets.values()))
+            names = ("replay", "eager", "capture", "capture failed")
+            changed = [name for name, b, a in zip(names, before, after) if a != b]
+            paths.append(changed[0] if changed else "captured, then released")
+        reasons = {str(k.padded_batch): r for k, r in pair.runner.eager_reasons().items()}
+        result = dict(built=built, paths=paths, eager_reasons=reasons, mismatches=pair.mismatches[:3],
+                      graphs=sorted(k.padded_batch for k in pair.runner.graphs()))
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(tmp_path: Path, agreement: str) -> list[dict]:
+    port, world = _free_port(), 2
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), str(port),
+                               str(tmp_path / f"rank{rank}.json"), agreement],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(world)]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=180)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank][-3000:]}"
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def test_a_capture_fault_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, tmp_path):
+    pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
+    rank0, rank1 = _run_ranks(tmp_path, "on")
+    assert rank0["paths"] == ["captured, then released", "eager", "capture", "replay", "eager", "replay"]
+    assert rank1["paths"] == ["capture failed", "eager", "capture", "replay", "eager", "replay"]
+    assert rank0["graphs"] == rank1["graphs"] == [4]
+    assert "capture failed on rank(s) [1]" in rank0["eager_reasons"]["2"]
+    assert "injected: capture fault on rank 1" in rank1["eager_reasons"]["2"]
+    assert not rank0["mismatches"] and not rank1["mismatches"]
+    for rank, result in enumerate((rank0, rank1)):  # one line per rank, from the runner the rank built
+        assert len(result["built"]) == 1 and f"built on rank {rank} of 2" in result["built"][0]
+        assert "patches in place" in result["built"][0]
+
+
+def test_without_the_agreement_the_ranks_part_ways(sim_backend, tmp_path):
+    pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
+    rank0, rank1 = _run_ranks(tmp_path, "off")
+    assert rank0["paths"][1] == "replay" and rank1["paths"][1] == "eager"
+    assert rank0["graphs"] == [2, 4] and rank1["graphs"] == [4]
