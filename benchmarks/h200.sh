@@ -13,6 +13,7 @@
 #   bash benchmarks/h200.sh part4b   # (a) again (~8.5 min): fitted to two runs after a kernel-cache warm run
 #   bash benchmarks/h200.sh part5    # lmdeploy 0.18: Camb/MACA conformance --graph-backend cuda and their demos
 #   bash benchmarks/h200.sh part6    # lmdeploy 0.18: faults and resets leak nothing (graph_leaks.py, engine_leaks.py)
+#   TP=2 bash benchmarks/h200.sh part7  # lmdeploy 0.18 engine, tensor parallel (TP=1 on one GPU: the rehearsal)
 #   bash benchmarks/h200.sh dry      # on a CPU box: every part1 task on the simulator, small sizes
 #   bash benchmarks/h200.sh dry3     # on a CPU box: every part3 piece that runs without a GPU, and its report
 #   bash benchmarks/h200.sh dry4     # on a CPU box: part4's fake results through the real plan command, the report
@@ -22,7 +23,7 @@
 # and stubs/xgrammar; see BENCHMARKS.md for how they are made. The machine's own torch, triton and
 # transformers are used.
 set -u
-part=${1:?part1, part2, part3, part4, part4b, part5, part6, dry, dry3 or dry4}
+part=${1:?part1, part2, part3, part4, part4b, part5, part6, part7, dry, dry3 or dry4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -291,6 +292,23 @@ elif [ "$part" = part6 ]; then
 print(save_random_llama(sys.argv[1], hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
       num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048))" "$model"
   step engine_leaks 240 "$py" benchmarks/engine_leaks.py "$model" "$OUT/engine_leaks.json"
+elif [ "$part" = part7 ]; then
+  # lmdeploy 0.18's engine with tensor parallelism (TP=2 on the two-GPU kind; TP=1: the one-GPU rehearsal of
+  # the same scripts, small model): vendor_graph.cuda vs lmdeploy's own graph mode vs eager. vendor_graph goes
+  # into the machine's site-packages (a fresh machine each session), so its autoload hook activates it in every
+  # worker lmdeploy spawns.
+  tp=${TP:-1}
+  "$py" -m pip install -q --no-index --no-deps .h200/whl/vendor_graph-*.whl || exit 1
+  export PYTHONPATH="$site:$root/.h200/pkgs018:$root/.h200/stubs" NCCL_NVLS_ENABLE=0
+  model=$(mktemp -d)/llama
+  step gen_tp 300 "$py" benchmarks/engine_tp.py gen "$model" $([ "$tp" = 1 ] && echo --small)
+  for mode in vendor lmdeploy eager; do
+    step "tp_$mode" 300 "$py" benchmarks/engine_tp.py run "$mode" "$model" "$OUT/tp_$mode.json" --tp "$tp"
+  done
+  step compare 60 sh -c "'$py' benchmarks/engine_tp.py compare '$OUT/tp_vendor.json' '$OUT/tp_lmdeploy.json' \
+    '$OUT/tp_eager.json' > '$OUT/tp_compare.json'"
+  cp "$OUT"/tp_vendor.stats*.json "$logs/" 2>/dev/null
+  tar czf "$OUT/logs_$part.tgz" -C "$logs" .
 else
   echo "unknown part $part" >&2
   exit 2
