@@ -340,6 +340,8 @@ TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_RANDOM_SCHEDULES", "random schedules the conformance suite runs", scope="tooling"),
     Setting("VENDOR_GRAPH_PROPERTY_EXAMPLES", "examples the property tests run", scope="tooling"),
     Setting("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "seeded schedules per decode-parity case", scope="tooling"),
+    Setting("VENDOR_GRAPH_CONFORMANCE_GENERATIONS", "the torch_npu generations the decode-parity matrix runs "
+            "(space-separated; default every one with a graph API)", scope="tooling"),
     Setting("VENDOR_GRAPH_REAL_STACK_GENERATIONS", "the torch_npu generations the real-stack leg runs (default all)",
             scope="tooling"),
 )}
