@@ -1,11 +1,14 @@
-"""Rank agreement: a capture outcome every rank of one engine shares.
+"""Rank agreement: decisions every rank of one engine shares.
 
 With tensor parallelism every rank replays its own graph of the same key, and the collectives inside
 must match: a rank running a step eagerly (its real batch) while another replays a graph (the padded
 bucket) all-reduce tensors of different sizes, which hangs or corrupts the step. Keys and capture sizes
-agree by construction (derived from inputs every rank shares). A capture can fail on one rank only (out of
-memory, a runtime error), so its outcome is agreed by one collective on the engine's CPU process group,
-held at each capture and never on a replay step: when any rank failed, every rank runs that key eagerly.
+agree by construction (derived from inputs every rank shares), and so does a fitted size plan (every rank
+reads the same stats files). A capture can fail, and a shadow check can diverge, on one rank only, so
+their outcome is agreed by one collective on the engine's CPU process group, held at each capture and at
+each shadow-checked replay (the same steps on every rank) and never on a plain replay step: when any rank
+failed, every rank runs that key eagerly. Not agreed: the stale-graph guard's verdict, whose causes (a
+wake-up, a weight update, new KV caches) reach every rank at once.
 """
 
 from __future__ import annotations

@@ -277,7 +277,14 @@ class StepPolicy:
             eager = model.make_output_buffers(model(**kwargs))
         problem = self.shadow.compare(outputs, eager)
         self.stats.shadowed(key.padded_batch, problem is not None)
+        diverged_elsewhere = ranks.peers_failed(problem is None)  # every rank checks the same replay
         if problem is None:
+            if diverged_elsewhere and self.shadow.action == "eager":
+                reason = (f"shadow check: graph differed from eager on rank(s) {diverged_elsewhere}: this key "
+                          f"runs eager on every rank, so their collectives match")
+                logger.warning("%s: %s runs eager: %s", label, key, reason)
+                self.release(key)
+                self.eager_reasons[key] = reason
             return outputs
         if self.shadow.diverged(label, key, real_batch, key.padded_batch, problem):
             self.release(key)

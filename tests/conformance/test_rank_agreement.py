@@ -1,8 +1,8 @@
-"""Two ranks on the simulator (gloo on loopback), a capture fault injected on one rank only: both ranks take
-the same path for that key from then on (eager on both), the other keys capture and replay on both, and
-every step on both ranks equals eager; each rank logs the runner it built, with its rank. With the
-agreement removed the ranks part ways: one replays the graph while the other runs eagerly, which in a
-tensor-parallel engine mismatches their collectives."""
+"""Two ranks on the simulator (gloo on loopback), a capture fault or a diverging shadow check on one rank
+only: both ranks take the same path for that key from then on (eager on both), the other keys capture
+and replay on both, and every step on both ranks equals eager; each rank logs the runner it built, with
+its rank. With the agreement removed the ranks part ways: one replays the graph while the other runs
+eagerly, which in a tensor-parallel engine mismatches their collectives."""
 
 from __future__ import annotations
 
@@ -30,7 +30,12 @@ RANK_SCRIPT = textwrap.dedent("""
 
     import torch.distributed as dist
 
-    rank, world, port, out, agreement = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    rank, world, port, out, agreement, fault = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4],
+                                                sys.argv[5], sys.argv[6])
+    if fault == "shadow":
+        import os
+
+        os.environ["VENDOR_GRAPH_SHADOW"] = "1"  # every replay is checked against eager
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     from vendor_graph_sim import device as sim
@@ -52,19 +57,25 @@ RANK_SCRIPT = textwrap.dedent("""
     if agreement == "off":
         ranks.peers_failed = lambda ok: []  # the agreement removed
     PLAN = [[0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1], [0, 1, 2, 3]]
+    if fault == "shadow":
+        PLAN = [[0, 1, 2]] * 4 + [[0, 1]] * 2
     paths = []
     with harness.ascend_pair("G5", num_seqs=6) as pair:
-        model_cls = type(pair.model)
-        forward = model_cls.forward
-        raised = []
+        if fault == "capture":
+            model_cls = type(pair.model)
+            forward = model_cls.forward
+            raised = []
 
-        def failing_forward(self, *args, **kwargs):
-            if rank == 1 and hook.capturing() and not raised:  # rank 1's first capture (bucket 2) only
-                raised.append(1)
-                raise RuntimeError("injected: capture fault on rank 1")
-            return forward(self, *args, **kwargs)
+            def failing_forward(self, *args, **kwargs):
+                if rank == 1 and hook.capturing() and not raised:  # rank 1's first capture (bucket 2) only
+                    raised.append(1)
+                    raise RuntimeError("injected: capture fault on rank 1")
+                return forward(self, *args, **kwargs)
 
-        model_cls.forward = failing_forward
+            model_cls.forward = failing_forward
+        elif rank == 1:  # rank 1's graph goes wrong: every seq-len update re-sends the first lengths it saw
+            refresh, frozen = pair.runner._refresh_seqlens, {}
+            pair.runner._refresh_seqlens = lambda graph, lens: refresh(graph, frozen.setdefault(graph.key, lens))
         for active in PLAN:
             stats = pair.runner.stats
             before = (stats.replays, sum(stats.eager_steps.values()), stats.captures,
@@ -91,13 +102,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(tmp_path: Path, agreement: str) -> list[dict]:
+def _run_ranks(tmp_path: Path, agreement: str, fault: str = "capture") -> list[dict]:
     port, world = _free_port(), 2
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), str(port),
-                               str(tmp_path / f"rank{rank}.json"), agreement],
+                               str(tmp_path / f"rank{rank}.json"), agreement, fault],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(world)]
     outputs = []
@@ -133,3 +144,16 @@ def test_without_the_agreement_the_ranks_part_ways(sim_backend, tmp_path):
     rank0, rank1 = _run_ranks(tmp_path, "off")
     assert rank0["paths"][1] == "replay" and rank1["paths"][1] == "eager"
     assert rank0["graphs"] == [2, 4] and rank1["graphs"] == [4]
+
+
+def test_a_shadow_check_diverging_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, tmp_path):
+    """VENDOR_GRAPH_SHADOW=1, rank 1's graph re-sends stale KV lengths: its second checked replay diverges."""
+    pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
+    rank0, rank1 = _run_ranks(tmp_path, "on", "shadow")
+    assert rank0["paths"] == rank1["paths"] == ["capture", "replay", "replay", "eager", "capture", "replay"]
+    assert "differed from eager on rank(s) [1]" in rank0["eager_reasons"]["4"]
+    assert "shadow check: graph differed from eager" in rank1["eager_reasons"]["4"]
+    assert rank0["graphs"] == rank1["graphs"] == [2]
+    assert not rank0["mismatches"] and not rank1["mismatches"]  # the diverged replay was answered eagerly
+    rank0, rank1 = _run_ranks(tmp_path, "off", "shadow")
+    assert rank0["paths"][3] == "replay" and rank1["paths"][3] == "eager"
