@@ -12,7 +12,7 @@
 # runs (unset and no dlinfer installed: it skips).
 # The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
 # supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
-# The random schedules / property examples run 120/20 on the last release and 60/10 on the others (240 seeded
+# The random schedules / property examples run 100/20 on the last release and 60/10 on the others (220 seeded
 # schedules a run; tools/soak.py runs any number), and the decode parity matrix runs every torch_npu generation
 # on the last release and G1 G5 (one per seq-len update path) on the others: they exercise the runners, whose
 # lmdeploy-facing parts every release's other suites cover.
@@ -75,7 +75,7 @@ for version in $versions; do
     else
       real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-G0 G1 G2a G2b G2c G3a G3b G4 G5} real_sim= real_rest=
     fi
-    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-120} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
+    schedules=${VENDOR_GRAPH_RANDOM_SCHEDULES:-100} examples=${VENDOR_GRAPH_PROPERTY_EXAMPLES:-20}
     generations=${VENDOR_GRAPH_CONFORMANCE_GENERATIONS:-}
   elif [ -n "$mutations" ]; then  # the host suites carry the mutation checks: the real-stack leg to the sim core
     real_host=${VENDOR_GRAPH_REAL_STACK_GENERATIONS:-} real_sim="G1 G5" real_rest=sim

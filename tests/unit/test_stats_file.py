@@ -162,7 +162,7 @@ def test_one_file_per_rank(registry, tmp_path, monkeypatch):
     assert stats.rank_path(tmp_path / "s.json", 0, 1) == tmp_path / "s.json"
     assert stats.rank_path(tmp_path / "s.json", 1, 2) == tmp_path / "s.rank1.json"
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(tmp_path / "s.json"))
-    monkeypatch.setattr(stats, "_rank", lambda: (1, 2))
+    monkeypatch.setattr(stats, "process_rank", lambda: (1, 2))
     settings.load()
     runner = FakeRunner()
     registry.register(runner)
