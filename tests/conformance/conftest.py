@@ -78,3 +78,41 @@ def sim_backend(graph_backend):
     if graph_backend != "sim":
         pytest.skip(f"simulator-only check (--graph-backend={graph_backend})")
     return graph_backend
+
+
+@pytest.fixture
+def gloo_ranks(tmp_path):
+    """``launch(script, world, *args)``: run ``script`` (Python source) as ``world`` processes on loopback gloo,
+    each given ``rank world port out *args``; returns the JSON each wrote to ``out``, by rank. A rank that
+    fails (or hangs past two minutes) fails the test with its output."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    def launch(script: str, world: int, *args: str) -> list:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        path = tmp_path / "rank.py"
+        path.write_text(script)
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, str(path), str(rank), str(world), str(port),
+                                   str(tmp_path / f"rank{rank}.json"), *args],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rank in range(world)]
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=180)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for rank, proc in enumerate(procs):
+            assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank][-3000:]}"
+        return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+    return launch

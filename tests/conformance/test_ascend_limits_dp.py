@@ -6,11 +6,7 @@ update_inputs logic in two gloo processes on loopback.
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -179,35 +175,10 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_dp_ranks_with_different_batches_pick_the_same_graph(tmp_path: Path):
+def test_dp_ranks_with_different_batches_pick_the_same_graph(gloo_ranks):
     pytest.importorskip("lmdeploy", reason="the DP test runs lmdeploy's DPMeta and GraphRunner")
     batches = [3, 17]  # buckets 4 and 32: a runner keyed on the local batch would disagree
-    port, world = _free_port(), len(batches)
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), str(port),
-                               str(tmp_path / f"rank{rank}.json"), json.dumps(batches)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world)]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=120)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank]}"
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
+    results = gloo_ranks(RANK_SCRIPT, len(batches), json.dumps(batches))
 
     for query_len, bucket in (("1", 32), ("2", 32)):
         q = int(query_len)
@@ -217,7 +188,7 @@ def test_dp_ranks_with_different_batches_pick_the_same_graph(tmp_path: Path):
         assert keys == {(bucket, True, False, q)}, keys  # one GraphKey on every rank
         assert per_rank[0]["key"] == per_rank[1]["key"] == [bucket, True, False, q]
         # the negative control: keyed on the local batch, the ranks would have disagreed
-        assert len({tuple(k) for k in per_rank[0]["local_keys"]}) == world
+        assert len({tuple(k) for k in per_rank[0]["local_keys"]}) == len(batches)
         # update_inputs: the MoE/MLP token split is the padded graph's token count on every rank
         for r in per_rank:
             assert r["tp_sizes"] == [bucket * q] and r["moe_tp_sizes"] == [bucket * q]

@@ -6,13 +6,7 @@ eagerly, which in a tensor-parallel engine mismatches their collectives."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -96,38 +90,9 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_ranks(tmp_path: Path, agreement: str, fault: str = "capture") -> list[dict]:
-    port, world = _free_port(), 2
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), str(port),
-                               str(tmp_path / f"rank{rank}.json"), agreement, fault],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world)]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=180)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{outputs[rank][-3000:]}"
-    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
-
-
-def test_a_capture_fault_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, tmp_path):
+def test_a_capture_fault_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, gloo_ranks):
     pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
-    rank0, rank1 = _run_ranks(tmp_path, "on")
+    rank0, rank1 = gloo_ranks(RANK_SCRIPT, 2, "on", "capture")
     assert rank0["paths"] == ["captured, then released", "eager", "capture", "replay", "eager", "replay"]
     assert rank1["paths"] == ["capture failed", "eager", "capture", "replay", "eager", "replay"]
     assert rank0["graphs"] == rank1["graphs"] == [4]
@@ -139,21 +104,21 @@ def test_a_capture_fault_on_one_rank_sends_that_key_eager_on_every_rank(sim_back
         assert "patches in place" in result["built"][0]
 
 
-def test_without_the_agreement_the_ranks_part_ways(sim_backend, tmp_path):
+def test_without_the_agreement_the_ranks_part_ways(sim_backend, gloo_ranks):
     pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
-    rank0, rank1 = _run_ranks(tmp_path, "off")
+    rank0, rank1 = gloo_ranks(RANK_SCRIPT, 2, "off", "capture")
     assert rank0["paths"][1] == "replay" and rank1["paths"][1] == "eager"
     assert rank0["graphs"] == [2, 4] and rank1["graphs"] == [4]
 
 
-def test_a_shadow_check_diverging_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, tmp_path):
+def test_a_shadow_check_diverging_on_one_rank_sends_that_key_eager_on_every_rank(sim_backend, gloo_ranks):
     """VENDOR_GRAPH_SHADOW=1, rank 1's graph re-sends stale KV lengths: its second checked replay diverges."""
     pytest.importorskip("lmdeploy", reason="the ranks run lmdeploy's Ascend graph runner builder")
-    rank0, rank1 = _run_ranks(tmp_path, "on", "shadow")
+    rank0, rank1 = gloo_ranks(RANK_SCRIPT, 2, "on", "shadow")
     assert rank0["paths"] == rank1["paths"] == ["capture", "replay", "replay", "eager", "capture", "replay"]
     assert "differed from eager on rank(s) [1]" in rank0["eager_reasons"]["4"]
     assert "shadow check: graph differed from eager" in rank1["eager_reasons"]["4"]
     assert rank0["graphs"] == rank1["graphs"] == [2]
     assert not rank0["mismatches"] and not rank1["mismatches"]  # the diverged replay was answered eagerly
-    rank0, rank1 = _run_ranks(tmp_path, "off", "shadow")
+    rank0, rank1 = gloo_ranks(RANK_SCRIPT, 2, "off", "shadow")
     assert rank0["paths"][3] == "replay" and rank1["paths"][3] == "eager"
