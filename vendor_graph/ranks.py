@@ -43,8 +43,9 @@ _warned_no_group = False
 
 
 def peers_failed(ok: bool) -> list[int]:
-    """Share this rank's outcome of the capture every rank just tried (``ok``); the other ranks of the
-    agreement group whose capture failed. One gather on the CPU group; nothing in a single-rank process."""
+    """Share this rank's outcome (``ok``) of what every rank just did for the same key (a capture, a shadow
+    check); the other ranks of the agreement group for which it failed. One gather on the CPU group;
+    nothing in a single-rank process."""
     global _warned_no_group
     group = agreement_group()
     if group is None:
