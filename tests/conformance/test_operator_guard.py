@@ -12,10 +12,10 @@ import pytest
 from vendor_graph_sim import harness
 
 
-def _reallocate_kv(session) -> None:
+def _reallocate_kv(pair) -> None:
     """What a wake-up (or a cache engine rebuilt) does: the same contents in fresh memory; the old
     tensors are dropped."""
-    session.kv_caches = [tuple(t.clone() for t in layer) for layer in session.kv_caches]
+    pair.reallocate_kv()
     gc.collect()
 
 
@@ -28,7 +28,7 @@ def test_reallocated_kv_caches_are_recaptured(sim_backend, generation, guarded, 
         for _ in range(3):
             pair.step([0, 1, 2])
         assert not pair.mismatches
-        _reallocate_kv(pair.graph)
+        _reallocate_kv(pair)
         for _ in range(3):
             pair.step([0, 1, 2])
         buckets = pair.runner.stats.buckets
@@ -86,7 +86,7 @@ def test_reset_then_new_caches_is_a_clean_start(sim_backend):
         for _ in range(2):
             pair.step([0, 1, 2])
         pair.runner.reset()
-        _reallocate_kv(pair.graph)
+        _reallocate_kv(pair)
         for _ in range(3):
             pair.step([0, 1, 2])
         assert pair.runner.stats.buckets[4].stale_recaptures == 0
