@@ -242,12 +242,9 @@ def scenario_weights(vendor, generation, device) -> dict:
 
 
 def _graph_count(pair) -> int:
-    from vendor_graph import compat
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph_sim.harness import graphs_by_batch
 
-    if isinstance(pair.runner, AscendGraphRunner):
-        return len(pair.runner.graphs())
-    return len(compat.cuda_runner_graphs(pair.runner))
+    return len(graphs_by_batch(pair.runner))
 
 
 def verdict(result: dict) -> list[str]:

@@ -154,15 +154,7 @@ class SideBySide:
         sizes = self.runner.get_capture_batch_sizes()
         if batch > sizes[-1]:  # ran eager
             return None
-        padded = pad_to_bucket(sizes, batch)
-        from vendor_graph.ascend.runner import AscendGraphRunner
-
-        if isinstance(self.runner, AscendGraphRunner):
-            graphs = {k.padded_batch: g.meta for k, g in self.runner.graphs().items()}
-        else:  # lmdeploy's CUDAGraphRunner, adopted or not (the map was renamed in 0.18)
-            single = compat.cuda_runner_graphs(self.runner)
-            graphs = {k[0]: r.meta for k, r in single.items()}
-        return graphs.get(padded)
+        return graphs_by_batch(self.runner).get(pad_to_bucket(sizes, batch))
 
     def check_padding(self, batch: int) -> None:
         """Nothing the attention reads may hold a row of an earlier, larger step: every row past the
@@ -228,6 +220,16 @@ class SideBySide:
                 self.replace(*replacements[step])
             for event in (events or {}).get(step, ()):
                 actions[event]()
+
+
+def graphs_by_batch(runner) -> dict[int, object]:
+    """The CudaGraphMeta of every graph ``runner`` holds, by its padded batch: the Ascend runner's, or
+    lmdeploy's CUDAGraphRunner's, adopted or not (its map was renamed in 0.18)."""
+    from vendor_graph.ascend.runner import AscendGraphRunner
+
+    if isinstance(runner, AscendGraphRunner):
+        return {k.padded_batch: g.meta for k, g in runner.graphs().items()}
+    return {k[0]: r.meta for k, r in compat.cuda_runner_graphs(runner).items()}
 
 
 @contextlib.contextmanager
