@@ -155,6 +155,7 @@ def _worker_setup() -> None:
 def _run_seeds(seeds: list[int]) -> list[dict]:
     import logging
 
+    from vendor_graph_sim import device as sim
     from vendor_graph_sim.schedules import case, run_case
 
     logging.getLogger("vendor_graph").setLevel(logging.ERROR)  # stale recaptures, G0's eager notice: expected
@@ -173,6 +174,7 @@ def _run_seeds(seeds: list[int]) -> list[dict]:
                      "eager_steps": sum(stats.eager_steps.values())}
         except Exception as exc:  # a crash is a divergence of that seed, not the end of the soak
             mismatches = [f"{type(exc).__name__}: {exc}"]
+            sim.discard_queued_work()  # what it left queued would fail the seeds after it too
         out.append({"seed": seed, "case": str(c), "config": c.config, "dimensions": c.dimensions(),
                     "steps": len(c.plan), "graph": graph, "mismatches": mismatches[:10],
                     "seconds": time.time() - started})

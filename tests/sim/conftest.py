@@ -20,12 +20,9 @@ def _clean_sim_state():
         setattr(sim.config, name, value)
     from vendor_graph_sim.device import _runtime
 
-    state = _runtime.state()
-    assert not state.captures, "a test left a graph capture open"
-    state.current = state.default
-    for stream in list(state.pending):
-        stream.queue.clear()
-    state.pending.clear()
+    left_open = bool(_runtime.state().captures)
+    sim.discard_queued_work()
+    assert not left_open, "a test left a graph capture open"
 
 
 @pytest.fixture

@@ -272,6 +272,31 @@ def test_event_wait_holds_the_stream_until_the_event_is_recorded():
     assert x._inner.tolist() == [3.0]
 
 
+def test_discarding_queued_work_frees_a_device_a_failed_check_left_stuck():
+    """What a failed test leaves queued (a replay held at a wait that is never recorded) must not stall or
+    fail the next one: discard_queued_work empties every queue, ends an open capture, and the device syncs."""
+    gate = torch.npu.ExternalEvent()
+    x = dev(1.0)
+    s = torch.npu.Stream()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g, stream=s):
+        gate.wait(s)
+        y = x + 1
+    g.replay()
+    with pytest.raises(sim.SimDeadlockError):
+        torch.npu.synchronize()
+    left_open = torch.npu.NPUGraph()
+    with torch.npu.stream(torch.npu.Stream()):
+        left_open.capture_begin()
+    dropped = sim.discard_queued_work()
+    assert any("replay" in d for d in dropped) and any("open capture" in d for d in dropped)
+    assert torch.npu.current_stream() == torch.npu.default_stream()
+    torch.npu.synchronize()
+    assert (x + 1).tolist() == [2.0] and y._inner.isnan().all()  # the held replay never ran
+    with pytest.raises(sim.SimCaptureError, match="left open"):
+        left_open.replay()
+
+
 def test_event_orders_two_streams(lazy):
     producer, consumer = torch.npu.Stream(), torch.npu.Stream()
     x = torch.zeros(1, device="npu")

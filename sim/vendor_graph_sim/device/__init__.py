@@ -45,6 +45,7 @@ from ._runtime import (
     counters,
     current_stream,
     default_stream,
+    discard_queued_work,
     pending_work,
 )
 from ._tensor import SimTensor, is_device_tensor
@@ -150,6 +151,6 @@ def use_torch_npu(generation_or_version: str | None = None) -> Iterator[Any]:
 __all__ = [
     "Counters", "Event", "ExternalEvent", "Pool", "SimCaptureError", "SimConfig", "SimDeadlockError", "SimGraph",
     "SimTensor", "Stream", "config", "configured", "count_ops", "counters", "cuda_graph_api", "current_stream",
-    "default_stream", "install", "installed", "is_device_tensor", "load_manifest", "pending_work", "pool_of",
-    "reset_counters", "resolve", "synchronize", "torch_npu_module", "use_torch_npu",
+    "default_stream", "discard_queued_work", "install", "installed", "is_device_tensor", "load_manifest",
+    "pending_work", "pool_of", "reset_counters", "resolve", "synchronize", "torch_npu_module", "use_torch_npu",
 ]

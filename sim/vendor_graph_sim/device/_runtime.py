@@ -734,6 +734,25 @@ def describe_blocked() -> str:
     return "; ".join(parts) + "." + hint
 
 
+def discard_queued_work() -> list[str]:
+    """Drop every stream's queued work, abort any capture left open and make the default stream current.
+
+    What a failed check leaves behind (a replay held at a wait, a capture its caller never ended) would
+    otherwise stall or fail whatever runs next in the process. Returns what was dropped, for reporting.
+    """
+    dropped = [f"{stream!r}: {task.describe()}" for stream in _state.pending for task in stream.queue]
+    for stream in list(_state.pending):
+        stream.queue.clear()
+    _state.pending.clear()
+    for capture in list(_state.captures):
+        dropped.append(f"open capture of {capture.graph!r}")
+        capture.graph._leave_capture()
+        capture.graph._abort("discarded: its capture was left open")
+    _state.captures.clear()
+    _state.current = _state.default
+    return dropped
+
+
 def pending_work() -> dict[Stream, list[str]]:
     """What is queued on each stream (for tests and error messages)."""
     return {s: [t.describe() for t in s.queue] for s in _state.pending}
