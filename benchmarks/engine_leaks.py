@@ -5,8 +5,9 @@ growing, and every cycle's greedy tokens equal the first's.
     python benchmarks/engine_leaks.py MODEL_DIR OUT.json     # MODEL_DIR from engine_tpot.py gen-small
 
 Per cycle (:data:`CYCLES`): :data:`BATCHES` generations of :data:`NEW_TOKENS` greedy tokens (each captures
-its bucket's graph, then replays it), memory measured, lmdeploy's ``reset_graph_runner()`` (what its sleep
-and weight updates call), memory measured again.
+its bucket's graph, then replays it), memory and the cycle's graph captures and replays measured (a cycle
+with none fails the run), lmdeploy's ``reset_graph_runner()`` (what its sleep and weight updates call),
+memory measured again.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main(model_dir: str, out: str) -> int:
     async def run() -> None:
         engine.start_loop()
         reference = None
-        with_graphs, after_reset, reserved, differing = [], [], [], []
+        with_graphs, after_reset, reserved, differing, captures, replays = [], [], [], [], [], []
         started = time.perf_counter()
         for cycle in range(CYCLES):
             tokens = {b: await asyncio.gather(*[one(p) for p in prompts(b)]) for b in BATCHES}
@@ -77,6 +78,10 @@ def main(model_dir: str, out: str) -> int:
             elif tokens != reference:
                 differing.append(cycle)
             with_graphs.append(memory()[0])
+            # the runner's counters go with its graphs at the reset: read them before it
+            runners = live_runners()
+            captures.append(sum(r.stats.captures for r in runners))
+            replays.append(sum(r.stats.replays for r in runners))
             reset()
             alloc, res = memory()
             after_reset.append(alloc)
@@ -91,8 +96,12 @@ def main(model_dir: str, out: str) -> int:
             reserved_after_first_cycle=reserved[0], reserved_last=reserved[-1],
             reserved_growth_after_first_cycle=reserved[-1] - reserved[0],
             runners=[type(r).__qualname__ for r in runners],
-            captures=sum(r.stats.captures for r in runners), replays=sum(r.stats.replays for r in runners))
+            captures_per_cycle_min=min(captures), captures_per_cycle_max=max(captures),
+            replays_per_cycle_min=min(replays), replays_total=sum(replays))
         problems = []
+        idle = [c for c in range(CYCLES) if not captures[c] or not replays[c]]
+        if idle:  # memory figures from a cycle that never captured or replayed a graph prove nothing
+            problems.append(f"cycles {idle[:5]} captured or replayed no graph")
         if differing:
             problems.append(f"cycles {differing[:5]} gave other tokens than the first")
         if result["allocated_after_reset_spread"] > ALLOWED_GROWTH:

@@ -13,6 +13,7 @@
 #   bash benchmarks/h200.sh part4b   # (a) again (~8.5 min): fitted to two runs after a kernel-cache warm run
 #   bash benchmarks/h200.sh part5    # lmdeploy 0.18: Camb/MACA conformance --graph-backend cuda and their demos
 #   bash benchmarks/h200.sh part6    # lmdeploy 0.18: faults and resets leak nothing (graph_leaks.py, engine_leaks.py)
+#   bash benchmarks/h200.sh part6-engine  # part6's engine reset cycles alone (engine_leaks.py)
 #   TP=2 bash benchmarks/h200.sh part7  # lmdeploy 0.18 engine, tensor parallel (TP=1 on one GPU: the rehearsal)
 #   bash benchmarks/h200.sh dry      # on a CPU box: every part1 task on the simulator, small sizes
 #   bash benchmarks/h200.sh dry3     # on a CPU box: every part3 piece that runs without a GPU, and its report
@@ -23,7 +24,7 @@
 # and stubs/xgrammar; see BENCHMARKS.md for how they are made. The machine's own torch, triton and
 # transformers are used.
 set -u
-part=${1:?part1, part2, part3, part4, part4b, part5, part6, part7, dry, dry3 or dry4}
+part=${1:?part1, part2, part3, part4, part4b, part5, part6, part6-engine, part7, dry, dry3 or dry4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -279,14 +280,16 @@ elif [ "$part" = part5 ]; then
     step "demo_${vendor}_018" 90 "$py" -m vendor_graph demo --vendor "$vendor" --backend cuda --steps 32 --seqs 16 \
       --json "$logs/demo_${vendor}_018.json"
   done
-elif [ "$part" = part6 ]; then
+elif [ "$part" = part6 ] || [ "$part" = part6-engine ]; then
   # Faults and resets leak nothing (lmdeploy 0.18, real CUDA graphs): failed captures at every bucket, reset
   # cycles and a weight update on the Camb/MACA specs over lmdeploy's CUDA runner; batches shrinking within
   # their bucket; reset cycles inside lmdeploy's engine with vendor_graph.cuda.
   export PYTHONPATH=$(lmdeploy_path 018)
-  step leaks_cuda 420 "$py" benchmarks/graph_leaks.py --device cuda --out "$OUT"
-  step shrinking_cuda 120 "$py" -m pytest -q -p no:cacheprovider -rs tests/conformance/test_decode_parity.py \
-    -k shrinking --graph-backend cuda --junitxml="$logs/shrinking_cuda.xml"
+  if [ "$part" = part6 ]; then  # part6-engine: the engine's cycles alone
+    step leaks_cuda 420 "$py" benchmarks/graph_leaks.py --device cuda --out "$OUT"
+    step shrinking_cuda 120 "$py" -m pytest -q -p no:cacheprovider -rs tests/conformance/test_decode_parity.py \
+      -k shrinking --graph-backend cuda --junitxml="$logs/shrinking_cuda.xml"
+  fi
   model=$(mktemp -d)/llama
   step gen_small 100 "$py" -c "import sys; sys.path.insert(0, 'benchmarks'); from engine_tpot import save_random_llama
 print(save_random_llama(sys.argv[1], hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
