@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 STUBS = Path(__file__).resolve().parents[1] / "sim" / "vendor_graph_sim" / "data" / "standins"
+sys.path.insert(0, str(Path(__file__).parent))  # load_by_path: the one way tests import a file by path
 
 # The stand-in dlinfer, for this process and for the worker processes tests spawn; never in front of a
 # real dlinfer (an Ascend machine running the hardware workflows has one).

@@ -10,29 +10,19 @@ generation.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import shutil
-import sys
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from load_by_path import load_by_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-contract_tool = _load("_vg_npu_contract", ROOT / "tools" / "npu_contract.py")
+contract_tool = load_by_path("_vg_npu_contract", ROOT / "tools" / "npu_contract.py")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +76,7 @@ def test_declarations_match_the_source(contract) -> None:
 
 
 def test_every_release_in_the_version_table_has_a_manifest(contract) -> None:
-    av = _load("_vg_contract_av", ROOT / "vendor_graph" / "ascend" / "releases.py")
+    av = load_by_path("_vg_contract_av", ROOT / "vendor_graph" / "ascend" / "releases.py")
     from_manifest = {r.version for r in av.RELEASES if r.source == "manifest"} if hasattr(av, "RELEASES") else None
     if from_manifest is None:
         from_manifest = {v for v in contract.manifests if av.generation_of(v)}

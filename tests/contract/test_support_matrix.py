@@ -4,28 +4,18 @@ torch_npu release pins."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from typing import Any
+
+from load_by_path import load_by_path
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 WORKFLOW = ROOT / ".github" / "workflows" / "ascend-torch-npu-matrix.yml"
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = _load("_vg_support_matrix", ROOT / "tools" / "support_matrix.py")
+matrix = load_by_path("_vg_support_matrix", ROOT / "tools" / "support_matrix.py")
 
 
 def test_the_support_matrix_is_generated_from_the_code() -> None:

@@ -18,6 +18,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from load_by_path import load_by_path
 from vendor_graph_sim import realstack, standins
 
 from vendor_graph import settings
@@ -43,10 +44,7 @@ def dlinfer_available():
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("runner_vs_dlinfer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path("runner_vs_dlinfer", SCRIPT)
 
 
 def _describe(result: dict, bench) -> str:

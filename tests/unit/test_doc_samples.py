@@ -4,30 +4,20 @@ this machine, and every relative link resolves."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from load_by_path import load_by_path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-samples = _load("_vg_samples", ROOT / "tools" / "samples.py")
+samples = load_by_path("_vg_samples", ROOT / "tools" / "samples.py")
 _WHY = samples.documented_environment()
 # The samples show the demo's environment: once per test run, in the newest lmdeploy's leg.
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"{_WHY}: runs once per test run, in that leg")
@@ -122,8 +112,8 @@ NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
 
 
 def _report_scripts() -> tuple[Any, Any]:
-    return (_load("_vg_report_h200", ROOT / "benchmarks" / "report_h200.py"),
-            _load("_vg_report_capacity", ROOT / "benchmarks" / "report_capacity.py"))
+    return (load_by_path("_vg_report_h200", ROOT / "benchmarks" / "report_h200.py"),
+            load_by_path("_vg_report_capacity", ROOT / "benchmarks" / "report_capacity.py"))
 
 
 def _h200_reports() -> str:

@@ -7,16 +7,15 @@ values are the facts read from torch_npu's source.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from load_by_path import load_by_path
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
@@ -24,18 +23,8 @@ TOOL = ROOT / "tools" / "torch_npu_manifest.py"
 MODULE = ROOT / "vendor_graph" / "ascend" / "releases.py"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    # By path, so these tests do not depend on the rest of the package.
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-av = _load("_vg_test_ascend_versions", MODULE)
-tool = _load("_vg_test_torch_npu_manifest", TOOL)
+av = load_by_path("_vg_test_ascend_versions", MODULE)
+tool = load_by_path("_vg_test_torch_npu_manifest", TOOL)
 MANIFEST = {
     m["version"]: m for m in (json.loads(p.read_text()) for p in sorted(MANIFESTS.glob("torch_npu-*.json")))
 }
