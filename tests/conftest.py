@@ -35,12 +35,22 @@ def pytest_collection_finish(session):
 @pytest.fixture(autouse=True)
 def _no_vendor_active():
     """Each test starts and ends with no vendor active (importing vendor_graph.<vendor>.<module>
-    during collection activates that vendor)."""
+    during collection activates that vendor), and with lmdeploy's CudaGraphMixin as it found it: a test that
+    imports (the stand-in) dlinfer's lmdeploy extension leaves dlinfer's methods on the class, which a later
+    test on lmdeploy's own runner would run."""
     import vendor_graph
 
     vendor_graph.uninstall()
+    mixin = getattr(sys.modules.get("lmdeploy.pytorch.models.utils.cudagraph"), "CudaGraphMixin", None)
+    found = dict(vars(mixin)) if mixin is not None else None
     yield
-    vendor_graph.uninstall()
+    vendor_graph.uninstall()  # first: it puts back what it displaced, which may be dlinfer's
+    if found is not None:
+        for name in set(vars(mixin)) - set(found):
+            delattr(mixin, name)
+        for name, value in found.items():
+            if vars(mixin).get(name) is not value:
+                setattr(mixin, name, value)
 
 
 @pytest.fixture(autouse=True)
