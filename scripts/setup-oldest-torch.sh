@@ -44,7 +44,7 @@ if ! installed lmdeploy "$lmdeploy_version"; then
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   find "$site/lmdeploy" \( -name '*.so' -o -name '*.a' \) -delete  # turbomind, never loaded here
 fi
-"$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
+"$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid' 2>/dev/null \
   || pip_install -r "$root/requirements/lmdeploy-imports.txt"
 # vendor_graph from this tree, with its worker hook (the venv may have served another clone before). Asked
 # from / : in the clone, the clone's vendor_graph/ would answer for an install that is not there.
