@@ -30,5 +30,28 @@ for file in $(grep -lE "^\s*(from|import) vendor_graph_sim" tests/unit/*.py test
   echo "=== oldest torch: leaving out $file (imports vendor_graph_sim)"
   ignore+=("--ignore=$file")
 done
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/contract/test_runtime_imports.py tests/unit tests/lmdeploy \
-  "${ignore[@]}" "${deselect[@]/#/--deselect=}" "$@"
+# Two pytest processes, one per core like the other legs (tests/lmdeploy alone takes about as long as the
+# rest); a --junitxml=FILE argument becomes FILE's name + -<part>.xml for each.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+part() {  # part NAME PATHS...: one pytest process, in the background, its output into $logs/NAME.log
+  local name=$1; shift
+  local args=() a
+  for a in "${extra[@]}"; do
+    [[ $a == --junitxml=* ]] && a="${a%.xml}-$name.xml"
+    args+=("$a")
+  done
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" "${ignore[@]}" "${deselect[@]/#/--deselect=}" \
+    ${args[@]+"${args[@]}"} > "$logs/$name.log" 2>&1 &
+}
+extra=("$@")
+part lmdeploy tests/lmdeploy
+lmdeploy=$!
+part unit tests/contract/test_runtime_imports.py tests/unit
+unit=$!
+status=0
+wait "$unit" || status=1
+wait "$lmdeploy" || status=1
+echo "--- tests/contract/test_runtime_imports.py tests/unit:"; cat "$logs/unit.log"
+echo "--- tests/lmdeploy:"; cat "$logs/lmdeploy.log"
+exit $status
