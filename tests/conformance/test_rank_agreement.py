@@ -9,15 +9,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from packaging.version import Version
+from once_per_run import newest_release_only
 
-from vendor_graph import compat
-
-# The agreement does not depend on lmdeploy (two processes each): once per test run, in the newest release's leg.
-_NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
-_HERE = compat.installed_lmdeploy_version()
-pytestmark = pytest.mark.skipif(_HERE is not None and compat.series(_HERE) != _NEWEST,
-                                reason=f"release-independent: runs once per test run, with lmdeploy {_NEWEST}")
+pytestmark = newest_release_only  # the agreement does not depend on lmdeploy (two processes each)
 
 RANK_SCRIPT = textwrap.dedent("""
     import datetime, json, sys

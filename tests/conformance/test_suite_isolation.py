@@ -10,15 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from packaging.version import Version
+from once_per_run import newest_release_only
 
-from vendor_graph import compat
-
-_NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
-_HERE = compat.installed_lmdeploy_version()
-pytestmark = pytest.mark.skipif(_HERE is not None and compat.series(_HERE) != _NEWEST,
-                                reason=f"release-independent: runs once per test run, with lmdeploy {_NEWEST}")
+pytestmark = newest_release_only
 
 TWO_TESTS = '''
 import torch

@@ -7,16 +7,12 @@ import json
 import random
 
 import pytest
-from packaging.version import Version
+from once_per_run import newest_release_only
 
-from vendor_graph import compat, patching, planning
+from vendor_graph import patching, planning
 from vendor_graph.planning import PlanError, fit_sizes, load_workload, padded_fraction, padded_tokens, plan_for
 
-# Release-independent (pure Python): once per test run, in the newest lmdeploy's leg.
-_NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
-_HERE = compat.installed_lmdeploy_version()
-pytestmark = pytest.mark.skipif(_HERE is not None and compat.series(_HERE) != _NEWEST,
-                                reason=f"release-independent: runs once per test run, with lmdeploy {_NEWEST}")
+pytestmark = newest_release_only
 
 
 def brute_force(weights, max_batches, max_graphs, required=()):

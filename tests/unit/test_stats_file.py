@@ -10,16 +10,12 @@ import weakref
 from types import SimpleNamespace
 
 import pytest
-from packaging.version import Version
+from once_per_run import newest_release_only
 
-from vendor_graph import capacity, compat, settings, stats
+from vendor_graph import capacity, settings, stats
 from vendor_graph.stats import GraphStats
 
-# Release-independent (pure Python): once per test run, in the newest lmdeploy's leg.
-_NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
-_HERE = compat.installed_lmdeploy_version()
-pytestmark = pytest.mark.skipif(_HERE is not None and compat.series(_HERE) != _NEWEST,
-                                reason=f"release-independent: runs once per test run, with lmdeploy {_NEWEST}")
+pytestmark = newest_release_only
 
 
 class FakeRunner:
