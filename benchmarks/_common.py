@@ -57,12 +57,9 @@ def specs() -> dict[str, Any]:
     from packaging.version import Version
 
     from vendor_graph.compat import LmdeployApi
-    from vendor_graph.patching import quiet_imports
-
-    with quiet_imports():  # three vendors' specs in one process: none of them activates
-        from vendor_graph.ascend.spec import ascend_spec
-        from vendor_graph.camb.spec import camb_spec
-        from vendor_graph.maca.spec import maca_spec
+    from vendor_graph.vendors.ascend.spec import ascend_spec
+    from vendor_graph.vendors.camb import camb_spec
+    from vendor_graph.vendors.maca import maca_spec
 
     api_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
     api_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)

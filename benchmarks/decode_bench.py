@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _phases, _stats besi
 from vendor_graph_sim import harness  # noqa: E402
 from vendor_graph_sim import tiny_model as tm  # noqa: E402
 
-from vendor_graph import compat, patching  # noqa: E402
+from vendor_graph import compat  # noqa: E402
 
 VENDOR = "camb"
 # ~0.9B parameters: 16 layers of hidden 2048 (16 heads, 8 KV heads of 128), SwiGLU 5632, vocab 32000.
@@ -279,8 +279,7 @@ def task_replay(device: str, rounds: int, per_round: int, dry: bool) -> dict:
 
 
 def task_capture(device: str, max_batches: int, dry: bool) -> dict:
-    with patching.quiet_imports():  # the Ascend sizes, captured here on the CUDA runner
-        from vendor_graph.ascend.buckets import ascend_capture_sizes
+    from vendor_graph.vendors.ascend.buckets import ascend_capture_sizes  # captured here on the CUDA runner
     sizes = ascend_capture_sizes(max_batches)
     bench = Bench(device, model_config("large", max_batches, dry), max_batches, capture_sizes=sizes)
     try:

@@ -156,7 +156,7 @@ def load_dlinfer() -> SimpleNamespace:
     from vendor_graph_sim import device as sim
     from vendor_graph_sim.realstack import pinned_release
 
-    from vendor_graph.ascend.releases import GENERATIONS
+    from vendor_graph.vendors.ascend.releases import GENERATIONS
 
     release = pinned_release(GENERATIONS[-1])  # the torch_npu the real-stack runs dlinfer on
     saved = dict(vars(CudaGraphMixin))

@@ -101,7 +101,7 @@ def memory(device: str) -> tuple[int, int]:
 
 def capturing(vendor: str) -> bool:
     if vendor == "ascend":
-        from vendor_graph.ascend import hook
+        from vendor_graph.vendors.ascend import hook
 
         return hook.capturing()
     return torch.cuda.is_current_stream_capturing()

@@ -175,95 +175,92 @@ def _vendor_graph_source() -> dict[str, Any]:
 def child(generation: str, which: str, out: Path, steps: int, seed: int) -> int:
     import torch
 
-    from vendor_graph.patching import quiet_imports
-
     logging.getLogger("lmdeploy").setLevel(logging.ERROR)
     logging.getLogger("dlinfer").setLevel(logging.ERROR)
     t_start = time.perf_counter()
     result: dict[str, Any] = {"generation": generation, "runner": which, "model": MODEL, "seed": seed,
                               "steps": steps, "vendor_graph_source": _vendor_graph_source()}
-    with quiet_imports():  # importing vendor_graph.ascend (the release table) must not activate it
-        from vendor_graph_sim import device as sim
-        from vendor_graph_sim import realstack
+    from vendor_graph_sim import device as sim
+    from vendor_graph_sim import realstack
 
-        import vendor_graph
-        import vendor_graph.ascend
+    import vendor_graph
+    from vendor_graph import vendors
 
-        sim.install()
-        release = realstack.pinned_release(generation)
-        result["torch_npu"] = release
-        label = f"{sim.resolve(release)[1]} ({release})"
-        import lmdeploy
+    sim.install()
+    release = realstack.pinned_release(generation)
+    result["torch_npu"] = release
+    label = f"{sim.resolve(release)[1]} ({release})"
+    import lmdeploy
 
-        result["lmdeploy"] = lmdeploy.__version__
-        with sim.use_torch_npu(release):
-            try:
-                realstack.import_dlinfer()
-            except (AttributeError, ImportError) as exc:
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                result["dlinfer_import_error"] = (f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:"
-                                                  f"{where.lineno})")
-                result["error"] = "dlinfer does not import"
-                out.write_text(json.dumps(result, indent=1))
-                return 0
-            result["dlinfer"] = realstack.dlinfer_description()
-            vendor_graph.uninstall()
+    result["lmdeploy"] = lmdeploy.__version__
+    with sim.use_torch_npu(release):
+        try:
+            realstack.import_dlinfer()
+        except (AttributeError, ImportError) as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            result["dlinfer_import_error"] = (f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:"
+                                              f"{where.lineno})")
+            result["error"] = "dlinfer does not import"
+            out.write_text(json.dumps(result, indent=1))
+            return 0
+        result["dlinfer"] = realstack.dlinfer_description()
+        vendor_graph.uninstall()
+        if which == "vendor_graph":
+            vendors.activate("ascend")
+        from dlinfer.framework.lmdeploy_ext.cudagraph import ascend_cudagraph
+
+        result["dlinfer_uses_graph_update"] = bool(ascend_cudagraph.aclgraph_use_torch_npu_update())
+        log: list[dict[str, Any]] = []
+        state: dict[str, Any] = {}
+        build_notes: list[str] = []
+        _watch_syncs(state)
+
+        def factory(eager: bool) -> Any:
             if which == "vendor_graph":
-                vendor_graph.ascend.activate()
-            from dlinfer.framework.lmdeploy_ext.cudagraph import ascend_cudagraph
+                return built.runner(eager=eager)
+            runner, note = realstack.dlinfer_graph_runner(built, eager)
+            if note is not None and note not in build_notes:
+                build_notes.append(note)
+            return runner
 
-            result["dlinfer_uses_graph_update"] = bool(ascend_cudagraph.aclgraph_use_torch_npu_update())
-            log: list[dict[str, Any]] = []
-            state: dict[str, Any] = {}
-            build_notes: list[str] = []
-            _watch_syncs(state)
+        class Counting(realstack.Conformance):
+            def _both(self, eager_seqs, graph_seqs, decoding, what, generate=True):  # noqa: ANN001
+                state.update(what=what, decoding=decoding, batch=len(graph_seqs))
+                return super()._both(eager_seqs, graph_seqs, decoding, what, generate)
 
-            def factory(eager: bool) -> Any:
-                if which == "vendor_graph":
-                    return built.runner(eager=eager)
-                runner, note = realstack.dlinfer_graph_runner(built, eager)
-                if note is not None and note not in build_notes:
-                    build_notes.append(note)
-                return runner
-
-            class Counting(realstack.Conformance):
-                def _both(self, eager_seqs, graph_seqs, decoding, what, generate=True):  # noqa: ANN001
-                    state.update(what=what, decoding=decoding, batch=len(graph_seqs))
-                    return super()._both(eager_seqs, graph_seqs, decoding, what, generate)
-
-            with realstack.ascend_context(), tempfile.TemporaryDirectory() as tmp:
-                stream = torch.npu.Stream()
-                with torch.npu.stream(stream):  # lmdeploy's agent runs its forward on a side stream
-                    built = realstack.build(MODEL, Path(tmp), max_batches=MAX_SEQS, seed=seed)
-                    conf = Counting(built, label, seed=seed, runner_factory=factory)
-                    runner = conf.graph.runner
-                    result["runner_class"] = f"{type(runner).__module__}.{type(runner).__qualname__}"
-                    _instrument(runner, log, state)
-                    t_run = time.perf_counter()
-                    try:
-                        conf.run(steps, MAX_SEQS, sizes=SIZES)
-                    except Exception as exc:  # a runner failing (capture, replay) is a result
-                        result["error"] = f"{type(exc).__name__}: {exc}"
-                        result["error_at"] = state.get("what")
-                        result["error_traceback"] = traceback.format_exc()[-6000:]
-                    result["run_s"] = round(time.perf_counter() - t_run, 2)
-                    record = conf.record
-                    result["graph_keys"] = _graph_keys(runner, which)
-                    stats = getattr(runner, "stats", None)
-                    if stats is not None:
-                        result["vendor_graph_eager_reasons"] = dict(stats.eager_steps)
-                    graphs = getattr(runner, "graphs", None)
-                    if graphs is not None:
-                        result["seqlen_paths"] = sorted({p for g in graphs().values() for p in g.paths})
-            result["build_notes"] = build_notes
-            result["prefill"] = record.prefill
-            result["tokens"] = record.tokens
-            result["steps_done"] = record.steps
-            result["mismatches"] = record.mismatches
-            result["greedy_mismatches"] = [m for m in record.mismatches if "greedy tokens" in m]
-            result["greedy_parity"] = not result["greedy_mismatches"] and "error" not in result
-            result["full_parity"] = not record.mismatches and "error" not in result
-            result["calls"] = log
+        with realstack.ascend_context(), tempfile.TemporaryDirectory() as tmp:
+            stream = torch.npu.Stream()
+            with torch.npu.stream(stream):  # lmdeploy's agent runs its forward on a side stream
+                built = realstack.build(MODEL, Path(tmp), max_batches=MAX_SEQS, seed=seed)
+                conf = Counting(built, label, seed=seed, runner_factory=factory)
+                runner = conf.graph.runner
+                result["runner_class"] = f"{type(runner).__module__}.{type(runner).__qualname__}"
+                _instrument(runner, log, state)
+                t_run = time.perf_counter()
+                try:
+                    conf.run(steps, MAX_SEQS, sizes=SIZES)
+                except Exception as exc:  # a runner failing (capture, replay) is a result
+                    result["error"] = f"{type(exc).__name__}: {exc}"
+                    result["error_at"] = state.get("what")
+                    result["error_traceback"] = traceback.format_exc()[-6000:]
+                result["run_s"] = round(time.perf_counter() - t_run, 2)
+                record = conf.record
+                result["graph_keys"] = _graph_keys(runner, which)
+                stats = getattr(runner, "stats", None)
+                if stats is not None:
+                    result["vendor_graph_eager_reasons"] = dict(stats.eager_steps)
+                graphs = getattr(runner, "graphs", None)
+                if graphs is not None:
+                    result["seqlen_paths"] = sorted({p for g in graphs().values() for p in g.paths})
+        result["build_notes"] = build_notes
+        result["prefill"] = record.prefill
+        result["tokens"] = record.tokens
+        result["steps_done"] = record.steps
+        result["mismatches"] = record.mismatches
+        result["greedy_mismatches"] = [m for m in record.mismatches if "greedy tokens" in m]
+        result["greedy_parity"] = not result["greedy_mismatches"] and "error" not in result
+        result["full_parity"] = not record.mismatches and "error" not in result
+        result["calls"] = log
     result["child_s"] = round(time.perf_counter() - t_start, 2)
     out.write_text(json.dumps(result, indent=1))
     return 0

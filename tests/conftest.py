@@ -15,11 +15,6 @@ if importlib.util.find_spec("dlinfer") is None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), os.environ.get("PYTHONPATH")) if p)
 # Tests choose their vendor explicitly; an inherited activation would leak into them.
 os.environ.pop("VENDOR_GRAPH_VENDOR", None)
-# Tests read every vendor's facts in one process and activate a vendor through its activate(); a child
-# interpreter that imports vendor_graph.<vendor> activates it as a user's does.
-from vendor_graph import patching  # noqa: E402
-
-patching.quiet_imports().__enter__()  # for the whole session
 
 
 def pytest_collection_finish(session):

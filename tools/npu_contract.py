@@ -50,10 +50,11 @@ PACKAGE = "torch_npu"
 # Parameters / fields that hold ``torch.npu`` (the scan cannot see through a call boundary).
 # Each must still occur in the source (a stale entry fails the test).
 MODULE_HOLDERS: dict[str, str] = {
-    "npu": "ascend/runner.py AscendGraphRunner._capture_into(npu=...) and ascend/hook.py CaptureScope.npu",
-    "self.npu": "ascend/hook.py CaptureScope.npu, set by the runner to torch.npu",
-    "self._npu": "ascend/runner.py AscendGraphRunner._npu, from npu_runtime()",
-    "npu_module": "ascend/seqlen.py probe_facts(npu_module) / detect(npu_module): torch.npu",
+    "npu": ("vendors/ascend/runner.py AscendGraphRunner._capture_into(npu=...) and vendors/ascend/hook.py "
+            "CaptureScope.npu"),
+    "self.npu": "vendors/ascend/hook.py CaptureScope.npu, set by the runner to torch.npu",
+    "self._npu": "vendors/ascend/runner.py AscendGraphRunner._npu, from npu_runtime()",
+    "npu_module": "vendors/ascend/seqlen.py probe_facts(npu_module) / detect(npu_module): torch.npu",
 }
 
 # What the module's constructors / functions return, and typed attributes of objects.

@@ -36,7 +36,7 @@ def _absent(message: str) -> int:
 
 def _generation(version: str | None) -> str | None:
     try:
-        from vendor_graph.ascend import releases
+        from vendor_graph.vendors.ascend import releases
 
         return releases.generation_of(version) if version else None
     except Exception:  # noqa: BLE001 - the probe reports, it does not depend on the table

@@ -3,8 +3,8 @@ and how each cell was verified: README's short status grid and its upstream brea
 in docs/support.md.
 
 Sources, one each: the lmdeploy series and refusals are ``vendor_graph.compat.SUPPORTED_SERIES`` /
-``KNOWN_BREAKAGES``; torch_npu generations and seq-len paths are ``vendor_graph.ascend.releases`` and
-``vendor_graph.ascend.seqlen``; the minimum torch is ``[tool.vendor_graph] min-torch`` in pyproject.toml.
+``KNOWN_BREAKAGES``; torch_npu generations and seq-len paths are ``vendor_graph.vendors.ascend.releases`` and
+``vendor_graph.vendors.ascend.seqlen``; the minimum torch is ``[tool.vendor_graph] min-torch`` in pyproject.toml.
 This file holds the rest: the (CANN, torch_npu, torch) pairs (also the matrix of
 ``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal) and the upstream dlinfer
 breakages. ``python tools/support_matrix.py`` prints both blocks; ``--write`` rewrites them between their
@@ -178,11 +178,8 @@ def breakage_lines() -> list[str]:
 
 
 def torch_npu_rows() -> list[str]:
-    from vendor_graph.patching import quiet_imports
-
-    with quiet_imports():
-        from vendor_graph.ascend.releases import GENERATION_FACTS, generation_of
-        from vendor_graph.ascend.seqlen import FIA, path_for
+    from vendor_graph.vendors.ascend.releases import GENERATION_FACTS, generation_of
+    from vendor_graph.vendors.ascend.seqlen import FIA, path_for
 
     rows = ["| torch_npu | generation | CANN | torch | FIA `.default` seq-len path | verified |",
             "|---|---|---|---|---|---|"]

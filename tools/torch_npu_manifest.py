@@ -12,7 +12,7 @@ Usage (stdlib only; run with python3.11)::
     python3.11 tools/torch_npu_manifest.py --all          # every PyPI release
     python3.11 tools/torch_npu_manifest.py --check --versions 2.4.0
     python3.11 tools/torch_npu_manifest.py --write-table  # regenerate the table
-                                                          # in vendor_graph/ascend/releases.py
+                                                          # in vendor_graph/vendors/ascend/releases.py
     python3.11 tools/torch_npu_manifest.py --check --write-table  # all, offline
                                                           # with a warm --cache
 
@@ -107,7 +107,7 @@ from typing import Any
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
-DEFAULT_MODULE = ROOT / "vendor_graph" / "ascend" / "releases.py"
+DEFAULT_MODULE = ROOT / "vendor_graph" / "vendors" / "ascend" / "releases.py"
 DEFAULT_CACHE = Path("/tmp/torch_npu_wheels")
 
 # Every torch_npu wheel up to 2.6.x is manylinux2014, from 2.7.1 on
@@ -1145,7 +1145,7 @@ def manifest_path(directory: Path, version: str) -> Path:
 
 
 # --------------------------------------------------------------------------
-# generation facts and the table in vendor_graph/ascend/releases.py
+# generation facts and the table in vendor_graph/vendors/ascend/releases.py
 
 
 def facts_from_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -1286,7 +1286,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="re-extract and diff against the committed manifests"
     )
     parser.add_argument(
-        "--write-table", action="store_true", help="regenerate the table in vendor_graph/ascend/releases.py"
+        "--write-table", action="store_true", help="regenerate the table in vendor_graph/vendors/ascend/releases.py"
     )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheel cache (default %(default)s)")
     parser.add_argument("--manifests", type=Path, default=DEFAULT_MANIFESTS)

@@ -190,11 +190,10 @@ def _spec(vendor: str | None) -> Any:
 
 
 def _profile(vendor: str) -> Any:
-    import importlib
+    from . import vendors
 
     try:
-        with patching.quiet_imports():
-            return importlib.import_module(f"vendor_graph.{vendor}").PROFILE
+        return vendors.profile(vendor)
     except Exception:  # noqa: BLE001
         return None
 

@@ -41,7 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
-from . import VENDORS, __version__, patching
+from . import VENDORS, __version__, patching, vendors
 from .buckets import MAX_BATCHES_LIMIT
 
 OP_BACKEND_HINT = {
@@ -67,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
-    from . import compat, patching
+    from . import compat
     from .planning import PlanError
     from .settings import SettingsError
 
@@ -97,7 +97,7 @@ def count_type(flag: str, what: str, default: int | None = None, *, high: int | 
 
 def generation_type(text: str) -> str:
     """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
-    from .ascend.releases import GENERATIONS, release_of
+    from .vendors.ascend.releases import GENERATIONS, release_of
 
     by_name = {g.lower(): g for g in GENERATIONS}
     if text.strip().lower() in by_name:
@@ -145,7 +145,7 @@ def _capture_rows(sizes: list[int]) -> list[dict[str, str]]:
 
 def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tuple[list[int], str | None]:
     """The capture sizes ``plan`` shows, and a note on how lmdeploy normalises explicit sizes (None: as given)."""
-    profile = importlib.import_module(f"vendor_graph.{vendor}").PROFILE
+    profile = vendors.profile(vendor)
     if explicit is None:
         return profile.capture_sizes(max_batches), None
     given = " ".join(map(str, explicit))
@@ -229,7 +229,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if value is not None:
             raise UsageError(f"{flag} plans from recorded stats: give it with --from-stats FILE (written with "
                              f"VENDOR_GRAPH_STATS_FILE=FILE while the workload runs)")
-    from . import compat, patching
+    from . import compat
 
     vendor = args.vendor or "ascend"
     args.max_batches = args.max_batches or 256
@@ -284,7 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    from .ascend.paths_table import seqlen_path_table
+    from .vendors.ascend.paths_table import seqlen_path_table
 
     print(seqlen_path_table())
     return 0
@@ -407,13 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     prog = "vendor-graph"
     try:
         # Every command that needs a vendor active activates it itself; the others only read vendors' facts.
-        with patching.quiet_imports():
-            args = build_parser().parse_args(argv)
-            args.argv = argv
-            prog = f"vendor-graph {args.command}"
-            logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-            status = args.handler(args)
-            sys.stdout.flush()
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        prog = f"vendor-graph {args.command}"
+        logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+        status = args.handler(args)
+        sys.stdout.flush()
         return status
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -256,10 +256,9 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
 
 
 def _torch_npu_lines(version: str) -> list[str]:
-    with patching.quiet_imports():  # Ascend's release table, without activating Ascend
-        from .ascend.paths_table import seqlen_ops
-        from .ascend.releases import GENERATION_FACTS, release_of
-        from .ascend.seqlen import path_for
+    from .vendors.ascend.paths_table import seqlen_ops
+    from .vendors.ascend.releases import GENERATION_FACTS, release_of
+    from .vendors.ascend.seqlen import path_for
 
     try:
         generation = release_of(version).generation

@@ -8,7 +8,7 @@ key eager with :func:`capture_failure_reason` and return a correct result for th
   text says out of memory, as vendor runtimes raise it);
 * ``capture_failure_reason(exc, hint)``: the one-line reason stored for the key and logged, with the
   remedy (``hint``: a vendor's translation of its error codes, e.g.
-  ``vendor_graph.ascend.limits.explain_capture_error``);
+  ``vendor_graph.vendors.ascend.limits.explain_capture_error``);
 * ``StepMetadata(attn_metadata, context)`` before a fill, ``.restore()`` before an eager fallback.
 """
 

@@ -250,30 +250,6 @@ class Activation:
 
 _lock = threading.RLock()
 _active: Activation | None = None
-_quiet_depth = 0
-
-
-class quiet_imports:  # noqa: N801 - used as a function: ``with quiet_imports(): ...``
-    """Importing a vendor package (``vendor_graph.ascend`` ...) inside this scope does not activate it.
-
-    For code that reads vendors' facts (buffer spec, release table, attention hook) side by side: the
-    doctor, the CLI, the simulator, the tests. A vendor first imported here activates only through
-    its ``activate()``."""
-
-    def __enter__(self) -> None:
-        global _quiet_depth
-        with _lock:
-            _quiet_depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        global _quiet_depth
-        with _lock:
-            _quiet_depth -= 1
-
-
-def import_activates() -> bool:
-    """Whether importing a vendor package activates it now (outside :func:`quiet_imports`)."""
-    return _quiet_depth == 0
 
 
 def active() -> Activation | None:
@@ -340,6 +316,15 @@ def uninstall() -> None:
         _uninstall_locked()
 
 
+def _forget_public_modules() -> None:
+    """Drop the public vendor modules from ``sys.modules``, so that the next ``import vendor_graph.<vendor>``
+    runs it again and activates (a module object already held keeps working)."""
+    from . import REFERENCE_VENDORS, VENDORS
+
+    for vendor in VENDORS + REFERENCE_VENDORS:
+        sys.modules.pop(f"vendor_graph.{vendor}", None)
+
+
 def _uninstall_locked() -> None:
     global _active
     activation = _active
@@ -353,4 +338,5 @@ def _uninstall_locked() -> None:
     if activation.exported_env and os.environ.get(VENDOR_ENV) == activation.vendor:
         del os.environ[VENDOR_ENV]
     _active = None
+    _forget_public_modules()
     logger.info("vendor_graph.%s uninstalled", activation.vendor)

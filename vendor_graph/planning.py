@@ -8,7 +8,7 @@ compares them with the sizes the recorded run captured. ``vendor-graph plan --fr
 plan; its ``--json`` output is a ``VENDOR_GRAPH_CAPTURE_SIZES`` file.
 
 Pure Python: neither torch nor lmdeploy is imported here. The Ascend event budget in :func:`plan_for`
-reads :mod:`vendor_graph.ascend.limits`, whose package imports torch; where that import fails the plan
+reads :mod:`vendor_graph.vendors.ascend.limits`, whose package imports torch; where that import fails the plan
 goes uncapped, with a note saying so.
 """
 
@@ -378,11 +378,8 @@ def _ascend_cap(workload: Workload, event_budget: int | None | str) -> tuple[int
             isinstance(event_budget, bool) or not isinstance(event_budget, int) or event_budget < 0):
         raise PlanError(f"event_budget {event_budget!r}: give a number of ExternalEvents (0 or more), None for no "
                         f"limit, or \"env\"")
-    from . import patching
-
     try:
-        with patching.quiet_imports():  # reading its limits must not activate the vendor
-            from .ascend import limits
+        from .vendors.ascend import limits
     except ImportError as exc:
         return None, (f"the Ascend event budget was not applied: vendor_graph.ascend does not import here ({exc}); "
                       f"plan where it imports (torch installed) to cap the graphs by it")

@@ -189,10 +189,9 @@ def install(profile: VendorProfile) -> patching.Activation:
 
 
 def activation_on_import(profile: VendorProfile) -> Callable[[], patching.Activation]:
-    """A vendor package's ``activate`` (idempotent), run now: importing the package activates the vendor,
-    except inside :func:`vendor_graph.patching.quiet_imports`."""
+    """A public vendor module's ``activate`` (idempotent), run now: importing ``vendor_graph.<vendor>``
+    activates the vendor. Only the public modules call this; nothing in the package imports them."""
     activate = functools.partial(install, profile)
-    if patching.import_activates():
-        activate()
+    activate()
     return activate
 

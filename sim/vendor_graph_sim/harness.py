@@ -7,14 +7,13 @@ import contextlib
 import dataclasses
 import importlib
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
-from vendor_graph import compat
+from vendor_graph import compat, vendors
 
 from . import kernels
 from . import tiny_model as tm
@@ -164,7 +163,7 @@ class SideBySide:
         meta = self.graph_meta(batch)
         if meta is None:
             return
-        spec = sys.modules[f"vendor_graph.{self.model.vendor}"].PROFILE.spec  # the vendor this pair activated
+        spec = vendors.profile(self.model.vendor).spec  # the vendor this pair activated
         live = {BATCH: batch, TOKENS: batch * meta.decode_query_len, BATCH_PLUS_ONE: batch + 1}
         for f in spec.fields:
             tensor = meta.input_buffers.get(f.name)
@@ -225,7 +224,7 @@ class SideBySide:
 def graphs_by_batch(runner) -> dict[int, object]:
     """The CudaGraphMeta of every graph ``runner`` holds, by its padded batch: the Ascend runner's, or
     lmdeploy's CUDAGraphRunner's, adopted or not (its map was renamed in 0.18)."""
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     if isinstance(runner, AscendGraphRunner):
         return {k.padded_batch: g.meta for k, g in runner.graphs().items()}

@@ -70,7 +70,7 @@ def pinned_release(spec: str) -> str:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
-    from vendor_graph.ascend.releases import GENERATIONS, RELEASES
+    from vendor_graph.vendors.ascend.releases import GENERATIONS, RELEASES
 
     if spec not in GENERATIONS:
         return spec
@@ -695,7 +695,7 @@ def run_all(models: Sequence[str], generation: str, *, steps: int = 14, max_seqs
     dlinfer's pins, or a release string) with vendor_graph's Ascend runner active. Once per process:
     dlinfer patches lmdeploy process-wide and keeps the torch_npu it first imported."""
     import vendor_graph
-    import vendor_graph.ascend
+    from vendor_graph import vendors
 
     from . import device as sim
 
@@ -713,7 +713,7 @@ def run_all(models: Sequence[str], generation: str, *, steps: int = 14, max_seqs
             raise DlinferImportFailed(f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno}) on "
                                       f"torch_npu {release}") from exc
         vendor_graph.uninstall()
-        vendor_graph.ascend.activate()
+        vendors.activate("ascend")
         for model in models:
             with ascend_context(), tempfile.TemporaryDirectory(dir=workdir) as tmp:
                 stream = torch.npu.Stream()
@@ -746,7 +746,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vendor_graph.patching import quiet_imports
-
-    with quiet_imports():
-        sys.exit(main())
+    sys.exit(main())

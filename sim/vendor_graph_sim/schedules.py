@@ -16,11 +16,8 @@ import random
 from dataclasses import dataclass
 
 from vendor_graph import buckets, compat
-from vendor_graph.patching import quiet_imports
-
-with quiet_imports():
-    from vendor_graph.ascend.buckets import ascend_capture_sizes
-    from vendor_graph.ascend.releases import GENERATION_FACTS
+from vendor_graph.vendors.ascend.buckets import ascend_capture_sizes
+from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 
 from . import tiny_model as tm
 from .harness import SideBySide, run

@@ -34,10 +34,7 @@ import torch
 from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
 from torch import Tensor, nn
 
-from vendor_graph.patching import quiet_imports
-
-with quiet_imports():  # the attention hook, not the vendor: the tiny model serves every vendor
-    from vendor_graph.ascend.hook import call_attention
+from vendor_graph.vendors.ascend.hook import call_attention
 
 from . import kernels
 

@@ -65,6 +65,15 @@ def _no_device_work_carried_over():
         sim.discard_queued_work()
 
 
+@pytest.fixture(autouse=True)
+def _own_stats_registry(monkeypatch):
+    """The stats registry keeps every runner of the process, gone ones too (a closed pipeline's): each test's
+    summaries and stats file report the runners it built, not those of earlier tests."""
+    from vendor_graph import stats
+
+    monkeypatch.setattr(stats, "_REGISTRY", stats._Registry())
+
+
 @pytest.fixture
 def cuda_style_backend(graph_backend):
     """Camb/MACA specs on lmdeploy's CUDA runner: the simulator or a CUDA-style device."""

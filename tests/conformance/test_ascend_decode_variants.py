@@ -23,8 +23,8 @@ import pytest
 from vendor_graph_sim.harness import run, schedule
 
 from vendor_graph import buckets
-from vendor_graph.ascend.releases import GENERATION_FACTS
-from vendor_graph.ascend.seqlen import ATTENTION_OPS, GRAPH_UPDATE, TASK_UPDATE, path_for
+from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
+from vendor_graph.vendors.ascend.seqlen import ATTENTION_OPS, GRAPH_UPDATE, TASK_UPDATE, path_for
 
 STEPS = 24
 NUM_SEQS = 6
@@ -98,7 +98,7 @@ def test_multi_token_replays_without_the_refresh_read_stale_kv_lengths(sim_backe
     """The parity check sees a frozen ``actual_seq_lengths_kv`` in multi-token graphs (mutation check)."""
     from vendor_graph_sim import device as sim
 
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     monkeypatch.setattr(AscendGraphRunner, "_refresh_seqlens", lambda self, graph, lens: None)
     # without an update the captured ExternalEvent waits would hold every replay: let them pass

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from vendor_graph import settings
-from vendor_graph.ascend import limits
-from vendor_graph.ascend.seqlen import GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE
+from vendor_graph.vendors.ascend import limits
+from vendor_graph.vendors.ascend.seqlen import GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE
 
 ASCEND_SIZES_64 = [1, 2, 4, 8, 16, 32, 48, 64]
 
@@ -130,7 +130,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from lmdeploy.pytorch.model_inputs import DPMeta
 
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     rank, world, port, out, batches = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -200,7 +200,7 @@ def test_a_budget_no_graph_fits_is_the_reason_every_step_runs_eager(monkeypatch)
     import torch
 
     from vendor_graph import settings
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "1")
     settings.load()

@@ -11,7 +11,7 @@ from vendor_graph_sim import harness
 from vendor_graph_sim import tiny_model as tm
 
 import vendor_graph
-import vendor_graph.ascend.hook
+import vendor_graph.vendors.ascend.hook
 
 
 @pytest.mark.parametrize("generation", ["G1", "G5"])  # task-update and graph-update paths
@@ -99,7 +99,7 @@ def test_a_capture_that_fails_leaves_no_graph_and_serving_continues(sim_backend,
 
         def syncing_forward(*args, **kwargs):
             out = original(*args, **kwargs)
-            if vendor_graph.ascend.hook.capturing():
+            if vendor_graph.vendors.ascend.hook.capturing():
                 float(out.sum())
             return out
 

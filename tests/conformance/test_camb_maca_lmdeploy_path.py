@@ -12,7 +12,7 @@ import dlinfer.ops
 import pytest
 from vendor_graph_sim import harness
 
-from vendor_graph import compat, cuda_style
+from vendor_graph import compat, cuda_style, vendors
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 RELEASE_018 = compat.lmdeploy_api().separate_host_seqlens
@@ -71,7 +71,7 @@ def test_a_host_length_tensor_reaching_the_decode_kernel_is_refused(vendor, monk
 def test_a_graph_not_reading_the_lengths_from_its_buffer_gives_wrong_answers(vendor, monkeypatch):
     """The failure put back: the buffer spec without 0.18's bindings of kv_seqlens_cpu / cu_seqlens_q(_cpu), so
     the captured kernel keeps reading the capture step's lengths."""
-    profile = importlib.import_module(f"vendor_graph.{vendor}").PROFILE
+    profile = vendors.profile(vendor)
     api = dataclasses.replace(compat.lmdeploy_api(), separate_host_seqlens=False)
     monkeypatch.setitem(vars(profile), "spec", profile.build_spec(api))
     pair = harness.run(vendor, 3, steps=18, num_seqs=9)

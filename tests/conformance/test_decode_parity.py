@@ -17,7 +17,7 @@ import pytest
 from vendor_graph_sim.harness import graphs_by_batch, run, schedule
 
 from vendor_graph import buckets, compat
-from vendor_graph.ascend.releases import GENERATION_FACTS
+from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 STEPS = 64
@@ -52,7 +52,7 @@ def test_ascend_graph_matches_eager_and_refreshes_seqlens(sim_backend, generatio
         # every replay re-issued each layer's attention task with that step's host KV lengths
         assert pair.counters["updates"] == replays * pair.model.config.num_layers
         paths = {p for g in graphs.values() for p in g.paths}
-        from vendor_graph.ascend.seqlen import ATTENTION_OPS, path_for
+        from vendor_graph.vendors.ascend.seqlen import ATTENTION_OPS, path_for
 
         op = {"fia": "npu_fused_infer_attention_score", "fia_v2": "npu_fused_infer_attention_score_v2",
               "paged_attention": "_npu_paged_attention"}[attention]

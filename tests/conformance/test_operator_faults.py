@@ -11,7 +11,7 @@ import pytest
 import torch
 from vendor_graph_sim import harness
 
-import vendor_graph.ascend.hook as hook
+import vendor_graph.vendors.ascend.hook as hook
 from vendor_graph import faults
 
 
@@ -153,8 +153,8 @@ def test_oom_detection():
 def test_a_replay_whose_inputs_changed_runs_that_step_eager(sim_backend, monkeypatch, caplog):
     """A step the graph cannot serve (its fill raises GraphInputsChanged after re-binding the step's
     metadata) runs eager on the step's own metadata, and serving continues with the graph."""
-    from vendor_graph.ascend import PROFILE
     from vendor_graph.buffers import GraphInputsChanged
+    from vendor_graph.vendors.ascend import PROFILE
 
     bind = type(PROFILE.spec).bind_context
     refused, seen = [], set()

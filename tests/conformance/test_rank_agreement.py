@@ -32,7 +32,7 @@ RANK_SCRIPT = textwrap.dedent("""
     standins.use_standin_dlinfer_if_missing()
     sim.install()
     from vendor_graph import ranks
-    from vendor_graph.ascend import hook
+    from vendor_graph.vendors.ascend import hook
 
     import logging
 

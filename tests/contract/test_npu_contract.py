@@ -76,7 +76,7 @@ def test_declarations_match_the_source(contract) -> None:
 
 
 def test_every_release_in_the_version_table_has_a_manifest(contract) -> None:
-    av = load_by_path("_vg_contract_av", ROOT / "vendor_graph" / "ascend" / "releases.py")
+    av = load_by_path("_vg_contract_av", ROOT / "vendor_graph" / "vendors" / "ascend" / "releases.py")
     from_manifest = {r.version for r in av.RELEASES if r.source == "manifest"} if hasattr(av, "RELEASES") else None
     if from_manifest is None:
         from_manifest = {v for v in contract.manifests if av.generation_of(v)}
@@ -109,7 +109,7 @@ def _reported(contract, fragment: str) -> list[str]:
 def test_a_keyword_one_generation_lacks_fails_the_contract(tmp_path: Path) -> None:
     """``auto_dispatch_capture=`` passed without its capability test: G1 releases (graph() without
     that parameter) must be reported, the releases that have it must not."""
-    planted = _planted(tmp_path, "ascend/runner.py", "npu.graph(npu_graph, **graph_kwargs)",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "npu.graph(npu_graph, **graph_kwargs)",
                        "npu.graph(npu_graph, auto_dispatch_capture=False, **graph_kwargs)")
     found = _reported(planted, "torch.npu.graph(auto_dispatch_capture=)")
     assert found, [str(v) for v in planted.violations()]
@@ -119,51 +119,51 @@ def test_a_keyword_one_generation_lacks_fails_the_contract(tmp_path: Path) -> No
 def test_a_method_one_generation_lacks_fails_the_contract(tmp_path: Path) -> None:
     """``NPUGraph.debug_dump`` exists only from G3a on: an unguarded call must fail, through the
     ``graph.graph`` alias the runner keeps its graphs under."""
-    planted = _planted(tmp_path, "ascend/runner.py", "graph.graph.replay()",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "graph.graph.replay()",
                        "graph.graph.replay()\ngraph.graph.debug_dump('/tmp/x')")
     assert _reported(planted, "NPUGraph.debug_dump is missing from torch_npu 2.1.0.post12")
 
 
 def test_a_module_function_reached_through_a_local_alias_fails_the_contract(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/runner.py", "npu.graph_task_update_end(stream)",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "npu.graph_task_update_end(stream)",
                        "alias = self._npu\nalias.super_kernel_scope_begin()\nnpu.graph_task_update_end(stream)")
     assert _reported(planted, "torch.npu.super_kernel_scope_begin is missing")
 
 
 def test_too_many_positional_arguments_fail_the_contract(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/hook.py", "npu.graph_task_group_begin(self.stream)",
+    planted = _planted(tmp_path, "vendors/ascend/hook.py", "npu.graph_task_group_begin(self.stream)",
                        "npu.graph_task_group_begin(self.stream, 0)")
     assert _reported(planted, "2 positional arguments, takes 1")
 
 
 def test_a_hasattr_guard_makes_the_same_call_pass(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/runner.py", "graph.graph.replay()",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "graph.graph.replay()",
                        "graph.graph.replay()\nif hasattr(graph.graph, 'debug_dump'):\n"
                        "    graph.graph.debug_dump('/tmp/x')")
     assert planted.violations() == []
 
 
 def test_a_negated_capability_test_is_no_guard(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/runner.py", "graph.graph.replay()",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "graph.graph.replay()",
                        "graph.graph.replay()\nif not self._caps.facts.get('debug_dump'):\n"
                        "    graph.graph.debug_dump('/tmp/x')")
     assert _reported(planted, "NPUGraph.debug_dump is missing")
 
 
 def test_a_capability_test_in_place_guards_the_call(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/runner.py", "graph.graph.replay()",
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "graph.graph.replay()",
                        "graph.graph.replay()\nif self._caps.facts.get('debug_dump') and graph.tasks:\n"
                        "    graph.graph.debug_dump('/tmp/x')")
     assert planted.violations() == []
 
 
 def test_removing_a_declared_capability_test_is_reported(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/runner.py", "if not caps.facts.get(\"graph_api\"):", "if False:")
+    planted = _planted(tmp_path, "vendors/ascend/runner.py", "if not caps.facts.get(\"graph_api\"):", "if False:")
     assert any("no longer tests" in p and "graph_api" in p for p in planted.stale()), planted.stale()
 
 
 def test_an_untracked_holder_of_torch_npu_is_reported(tmp_path: Path) -> None:
-    planted = _planted(tmp_path, "ascend/seqlen.py", "def forced_path() -> str | None:",
+    planted = _planted(tmp_path, "vendors/ascend/seqlen.py", "def forced_path() -> str | None:",
                        "def use(my_npu):\n    return my_npu.anything()\n\n\ndef forced_path() -> str | None:")
     assert any("my_npu" in u for u in planted.scanner.unclassified), planted.scanner.unclassified
 
@@ -207,7 +207,7 @@ def fake_npu(manifest: dict[str, Any]) -> types.ModuleType:
 
 
 def test_the_detector_finds_each_manifests_generation_from_the_module_alone(contract) -> None:
-    from vendor_graph.ascend import releases, seqlen
+    from vendor_graph.vendors.ascend import releases, seqlen
 
     wrong = []
     for version, manifest in contract.manifests.items():
@@ -231,7 +231,7 @@ def test_the_detector_finds_each_manifests_generation_from_the_module_alone(cont
 
 def test_the_probe_outranks_a_wrong_version_string(contract) -> None:
     """A G5 module reported as a G0 version: detect must trust the module, and say so."""
-    from vendor_graph.ascend import seqlen
+    from vendor_graph.vendors.ascend import seqlen
 
     newest = contract.manifests["2.9.1"]
     caps = seqlen.detect(fake_npu(newest), "2.4.0")

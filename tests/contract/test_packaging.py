@@ -27,7 +27,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
 def test_the_runtime_wheel_holds_the_runtime_and_the_worker_hook(wheels):
     names = zipfile.ZipFile(wheels["vendor_graph"]).namelist()
     assert "vendor_graph_autoload.pth" in names and "vendor_graph/autoload.pth" not in names
-    assert "vendor_graph/ascend/runner.py" in names and "vendor_graph/step.py" in names
+    assert "vendor_graph/vendors/ascend/runner.py" in names and "vendor_graph/step.py" in names
     assert not [n for n in names if n.startswith(("vendor_graph_sim", "tests/", "tools/"))]
 
 

@@ -64,7 +64,7 @@ def _workflow_pairs() -> list[dict[str, str]]:
 
 
 def test_the_hardware_matrix_runs_exactly_the_documented_pairs() -> None:
-    from vendor_graph.ascend.releases import generation_of
+    from vendor_graph.vendors.ascend.releases import generation_of
 
     documented = [{"generation": generation_of(p.torch_npu), "cann": p.cann, "torch_npu": p.torch_npu,
                    "torch": p.torch} for p in matrix.PAIRS]
@@ -72,7 +72,7 @@ def test_the_hardware_matrix_runs_exactly_the_documented_pairs() -> None:
 
 
 def test_every_generation_has_a_pair_and_each_torch_is_the_pinned_one() -> None:
-    from vendor_graph.ascend.releases import GENERATIONS, generation_of
+    from vendor_graph.vendors.ascend.releases import GENERATIONS, generation_of
 
     assert {generation_of(p.torch_npu) for p in matrix.PAIRS} == set(GENERATIONS)
     for pair in matrix.PAIRS:

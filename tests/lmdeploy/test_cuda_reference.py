@@ -131,7 +131,7 @@ def test_buffers_pad_like_lmdeploys_own_graph_fill(cuda_vendor):
     ({"use_mrope": True}, "mrope"),
 ])
 def test_graphs_the_spec_does_not_cover_are_refused_naming_what_to_use(cuda_vendor, override, needs):
-    from vendor_graph.cuda.spec import UnsupportedGraphConfig
+    from vendor_graph.vendors.cuda import UnsupportedGraphConfig
 
     meta = graph_meta(2, **override)
     ctx = lmdeploy_metadata(cuda_vendor.backend, 2, seed=3)
@@ -145,7 +145,7 @@ def test_graphs_the_spec_does_not_cover_are_refused_naming_what_to_use(cuda_vend
 def test_an_attention_metadata_builder_other_than_triton_is_refused(cuda_vendor):
     from lmdeploy.pytorch.backends.cuda.step_metadata import CudaStepMetaPlan
 
-    from vendor_graph.cuda.spec import UnsupportedGraphConfig
+    from vendor_graph.vendors.cuda import UnsupportedGraphConfig
 
     class FA3AttentionMetaBuilder:  # a builder that owns graph buffers the spec knows nothing of
         pass

@@ -1,4 +1,4 @@
-"""dlinfer's Ascend decode attention routed through vendor_graph.ascend.hook.call_attention (stand-in dlinfer).
+"""dlinfer's Ascend decode attention routed through vendor_graph.vendors.ascend.hook.call_attention (stand-in dlinfer).
 
 The stand-in modules (the simulator package's dlinfer/vendor/ascend/{attention,torch_npu_ops}.py and
 dlinfer/framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py) have dlinfer main's layout and signatures and
@@ -17,8 +17,8 @@ from vendor_graph_sim import kernels  # noqa: F401  (registers the emulated Asce
 
 import vendor_graph
 from vendor_graph import patching
-from vendor_graph.ascend import dlinfer_adapter, hook, releases
-from vendor_graph.ascend.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
+from vendor_graph.vendors.ascend import dlinfer_adapter, hook, releases
+from vendor_graph.vendors.ascend.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
 
 ATTENTION = dlinfer_adapter.ATTENTION_MODULE
 OPS = dlinfer_adapter.OPS_MODULE
@@ -160,7 +160,7 @@ def test_ascend_activation_wires_the_adapter(activate):
     import_ops()
     activate("ascend")
     if not dlinfer_adapter.is_routed(current(ATTENTION, "decode_attention")):
-        pytest.skip("vendor_graph.ascend does not call vendor_graph.ascend.dlinfer_adapter.install yet")
+        pytest.skip("vendor_graph.ascend does not call vendor_graph.vendors.ascend.dlinfer_adapter.install yet")
     assert_routed_everywhere()
 
 

@@ -175,7 +175,7 @@ def test_ascend_builder_builds_our_runner_and_keeps_lmdeploys_side_effects(activ
     for name in [m for m in sys.modules if m.startswith("dlinfer.framework")]:
         monkeypatch.delitem(sys.modules, name)
     activate("ascend")
-    from vendor_graph.ascend.runner import AscendGraphRunner
+    from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     backend = op_backend("ascend")
     backend.enable_graph, backend.max_batches = False, None

@@ -39,7 +39,7 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "padding kv_start_indices -1 changed to 0", "ascend/spec.py",
+        "padding kv_start_indices -1 changed to 0", "vendors/ascend/spec.py",
         "        return [-1] * dims.tokens",
         "        return [0] * dims.tokens",
         (f"{ASCEND_PARITY}[fia-G5]",)),
@@ -50,7 +50,7 @@ MUTATIONS = (
         ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),
         needs="camb"),
     Mutation(
-        "Ascend seq-len update skipped", "ascend/runner.py",
+        "Ascend seq-len update skipped", "vendors/ascend/runner.py",
         "        self._refresh_seqlens(graph, lens)\n",
         "",
         (f"{ASCEND_PARITY}[fia-G5]", f"{ASCEND_PARITY}[fia-G1]")),
@@ -65,7 +65,7 @@ MUTATIONS = (
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "Ascend buckets above 16 rounded to multiples of 32, not 16", "ascend/buckets.py",
+        "Ascend buckets above 16 rounded to multiples of 32, not 16", "vendors/ascend/buckets.py",
         "        return -(-batch // 16) * 16",
         "        return -(-batch // 32) * 32",
         (f"{ASCEND_SHRINKING}[G5-fia]",)),
@@ -75,13 +75,13 @@ MUTATIONS = (
         "        stale = None",
         (f"{ASCEND_SHRINKING}[G5-fia]",)),
     Mutation(
-        "host wait before NPUGraph.update put back", "ascend/runner.py",
+        "host wait before NPUGraph.update put back", "vendors/ascend/runner.py",
         "                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order",
         "                    fence.synchronize()",
         ("tests/sim/test_fill_ops.py::test_a_replay_step_copies_its_inputs_once_and_never_waits_on_the_host"
          "[ascend-graph-update]",)),
     Mutation(
-        "graph update not ordered after the previous replay", "ascend/runner.py",
+        "graph update not ordered after the previous replay", "vendors/ascend/runner.py",
         "                    graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order",
         "                    pass",
         ("tests/conformance/test_ascend_runner.py::test_the_next_refresh_waits_for_the_previous_replay[G5]",)),
@@ -91,12 +91,12 @@ MUTATIONS = (
         "        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)",
         ("tests/unit/test_mixin_fill_context.py",)),
     Mutation(
-        "graph looked up by the live batch instead of its bucket", "ascend/runner.py",
+        "graph looked up by the live batch instead of its bucket", "vendors/ascend/runner.py",
         "padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),",
         "padded_batch=self._wanted(batch),",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "Ascend graph output returned padded, not sliced to the step's tokens", "ascend/runner.py",
+        "Ascend graph output returned padded, not sliced to the step's tokens", "vendors/ascend/runner.py",
         "        return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)",
         "        return graph.output_buffers",
         (f"{ASCEND_PARITY}[fia-G5]",)),

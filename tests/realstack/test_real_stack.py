@@ -17,8 +17,8 @@ import pytest
 from vendor_graph_sim import realstack
 
 from vendor_graph import settings
-from vendor_graph.ascend import releases
-from vendor_graph.ascend.seqlen import FIA, PAGED_ATTENTION_MLA, path_for
+from vendor_graph.vendors.ascend import releases
+from vendor_graph.vendors.ascend.seqlen import FIA, PAGED_ATTENTION_MLA, path_for
 
 GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())
 STEPS = 14
@@ -74,16 +74,14 @@ def test_lmdeploy_models_decode_in_graph_mode_identically_to_eager(generation, t
 
 MOE_PROBE = """
 import json, sys, torch
-from vendor_graph.patching import quiet_imports
-with quiet_imports():
-    import vendor_graph.ascend
-    from vendor_graph.ascend import hook
-    from vendor_graph.ascend.seqlen import detect
-    from vendor_graph_sim import device as sim, realstack
+from vendor_graph import vendors
+from vendor_graph.vendors.ascend import hook
+from vendor_graph.vendors.ascend.seqlen import detect
+from vendor_graph_sim import device as sim, realstack
 sim.install()
 with sim.use_torch_npu("G1") as torch_npu:
     realstack.import_dlinfer()
-    vendor_graph.ascend.activate()
+    vendors.activate("ascend")
     from dlinfer.vendor.ascend import moe
     taken = []
     moe.MAX_GROUP_LIST_SIZE = 2  # four experts: more than one grouped matmul takes
@@ -107,14 +105,12 @@ def test_dlinfers_moe_for_many_experts_takes_its_capturable_path_under_a_vendor_
 
 GATE_PROBE = """
 import json, sys, types, torch
-from vendor_graph.patching import quiet_imports
-with quiet_imports():
-    import vendor_graph.ascend
-    from vendor_graph_sim import device as sim, realstack
+from vendor_graph import vendors
+from vendor_graph_sim import device as sim, realstack
 sim.install()
 with sim.use_torch_npu("G1"):
     realstack.import_dlinfer()  # dlinfer's ascend_cudagraph replaces four CudaGraphMixin methods
-    vendor_graph.ascend.activate()
+    vendors.activate("ascend")
     from lmdeploy.pytorch.model_inputs import StepContextManager, set_step_ctx_manager
     from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
     mgr = StepContextManager()

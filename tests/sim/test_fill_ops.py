@@ -49,7 +49,7 @@ def test_a_replay_step_copies_its_inputs_once_and_never_waits_on_the_host(vendor
 def test_a_host_wait_before_the_update_is_counted(monkeypatch):
     """Where torch_npu's update stream cannot be reached the runner falls back to waiting on the host
     before NPUGraph.update: the counter sees that wait in every replay step after the first."""
-    from vendor_graph.ascend import runner
+    from vendor_graph.vendors.ascend import runner
 
     monkeypatch.setattr(runner, "graph_update_stream", lambda npu_graph: None)
     log, mismatches = replay_step_ops("ascend", seqlen_path="graph-update", steps=12, num_seqs=12)
@@ -113,7 +113,7 @@ def test_a_host_source_of_a_device_buffer_is_one_pageable_transfer_here():
     from packaging.version import Version
 
     from vendor_graph.buffers import pinned_staging_available
-    from vendor_graph.camb.spec import camb_spec
+    from vendor_graph.vendors.camb import camb_spec
 
     assert not pinned_staging_available()
     spec = camb_spec(compat.LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len",

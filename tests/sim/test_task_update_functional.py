@@ -7,8 +7,8 @@ import torch
 from vendor_graph_sim import device as sim
 from vendor_graph_sim import kernels  # noqa: F401 - registers the emulated ops
 
-from vendor_graph.ascend import hook
-from vendor_graph.ascend.seqlen import TASK_UPDATE, detect
+from vendor_graph.vendors.ascend import hook
+from vendor_graph.vendors.ascend.seqlen import TASK_UPDATE, detect
 
 HEADS, DIM, BLOCK, BLOCKS = 2, 16, 4, 6
 

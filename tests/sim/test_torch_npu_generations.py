@@ -7,7 +7,7 @@ import torch
 from sim_test_ops import ops
 from vendor_graph_sim import device as sim
 
-from vendor_graph.ascend.releases import GENERATION_FACTS, GENERATIONS, RELEASES
+from vendor_graph.vendors.ascend.releases import GENERATION_FACTS, GENERATIONS, RELEASES
 
 GRAPH_GENERATIONS = [g for g in GENERATIONS if GENERATION_FACTS[g]["graph_api"]]
 UPDATE_GENERATIONS = [g for g in GENERATIONS if GENERATION_FACTS[g]["update"]]

@@ -13,7 +13,7 @@ from sim_test_ops import ops
 from vendor_graph_sim import device as sim
 from vendor_graph_sim.device import _npu_surface
 
-from vendor_graph.ascend.releases import GENERATIONS
+from vendor_graph.vendors.ascend.releases import GENERATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 SURFACE = _npu_surface.surface()

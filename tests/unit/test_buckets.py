@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vendor_graph.ascend.buckets import ascend_bucket, ascend_capture_sizes
+from vendor_graph import vendors
 from vendor_graph.buckets import (
     MAX_BATCHES_LIMIT,
     BucketTypeError,
@@ -13,6 +13,7 @@ from vendor_graph.buckets import (
     explicit_capture_sizes,
     pad_to_bucket,
 )
+from vendor_graph.vendors.ascend.buckets import ascend_bucket, ascend_capture_sizes
 
 ASCEND_TABLE = {
     1: [1],
@@ -207,9 +208,8 @@ def test_huge_max_batches_fails_fast_with_the_reason():
 
 
 def test_each_vendor_has_its_rule():
-    import importlib
 
-    profiles = {v: importlib.import_module(f"vendor_graph.{v}").PROFILE for v in ("ascend", "camb", "maca", "cuda")}
+    profiles = {v: vendors.profile(v) for v in ("ascend", "camb", "maca", "cuda")}
     assert profiles["ascend"].capture_sizes(48) == ASCEND_TABLE[48]
     assert all(profiles[v].capture_sizes(1000) == CUDA_TABLE[1000] for v in ("camb", "maca", "cuda"))
     assert profiles["camb"].capture_sizes(16, [3, 5]) == [3, 5, 16]

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vendor_graph.ascend.spec import ascend_spec
 from vendor_graph.buffers import (
     BATCH,
     BufferField,
@@ -18,9 +17,10 @@ from vendor_graph.buffers import (
     Placement,
     Ref,
 )
-from vendor_graph.camb.spec import camb_spec
 from vendor_graph.compat import LmdeployApi
-from vendor_graph.maca.spec import maca_spec
+from vendor_graph.vendors.ascend.spec import ascend_spec
+from vendor_graph.vendors.camb import camb_spec
+from vendor_graph.vendors.maca import maca_spec
 
 API_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
 API_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)

@@ -11,7 +11,7 @@ import pytest
 from vendor_graph_sim import demo
 
 from vendor_graph import cli, compat, patching
-from vendor_graph.ascend.releases import GENERATIONS
+from vendor_graph.vendors.ascend.releases import GENERATIONS
 
 GENERATION_LIST = ", ".join(GENERATIONS)
 
@@ -136,7 +136,7 @@ def test_paths_into_a_closed_pipe_stops_quietly():
 
 
 def test_paths_output_is_unchanged_by_the_move():
-    from vendor_graph.ascend.paths_table import seqlen_path_table
+    from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
 
     proc = subprocess.run([sys.executable, "-m", "vendor_graph", "paths"], capture_output=True, text=True,
                           timeout=120)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from vendor_graph import settings
-from vendor_graph.ascend import releases, seqlen
-from vendor_graph.ascend.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
+from vendor_graph.vendors.ascend import releases, seqlen
+from vendor_graph.vendors.ascend.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
 
 EXPECTED_FIA = {"G0": "none", "G1": "task-update", "G2a": "task-update", "G2b": "graph-update",
                 "G2c": "graph-update", "G3a": "graph-update", "G3b": "graph-update", "G4": "graph-update",

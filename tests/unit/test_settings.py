@@ -202,7 +202,7 @@ def test_settings_are_frozen_and_current_is_the_last_good_parse(monkeypatch):
 
 def test_each_field_is_its_variable_and_the_modules_use_those_names():
     from vendor_graph import compat, guard, shadow, stats
-    from vendor_graph.ascend import limits, seqlen
+    from vendor_graph.vendors.ascend import limits, seqlen
 
     assert [s.name for s in settings.SETTINGS.values()] == [
         "VENDOR_GRAPH_" + f.name.upper() for f in dataclasses.fields(settings.Settings)]
@@ -312,8 +312,8 @@ def test_a_conflicting_vendor_names_only_real_vendors(monkeypatch):
 
 
 def test_the_event_budget_says_why_no_graph_fits():
-    from vendor_graph.ascend import limits
-    from vendor_graph.ascend.seqlen import TASK_UPDATE
+    from vendor_graph.vendors.ascend import limits
+    from vendor_graph.vendors.ascend.seqlen import TASK_UPDATE
 
     result = limits.fit_capture_sizes(2, [1, 2, 4], TASK_UPDATE, budget=1)
     assert result.kept == [] and result.off_reason == (

@@ -3,10 +3,10 @@ atomically at exit, periodically and on demand, one file per rank."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
-import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -33,7 +33,7 @@ class FakeRunner:
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(stats, "_RUNNERS", weakref.WeakSet())
+    monkeypatch.setattr(stats, "_REGISTRY", stats._Registry())
     return stats
 
 
@@ -95,19 +95,77 @@ def test_several_runners_the_busiest_is_the_top_level(registry, tmp_path):
     assert [r["capture_sizes"] for r in doc["runners"]] == [[4, 8], [1, 2]]
 
 
-def test_a_reset_keeps_the_histogram():
+def test_a_reset_releases_the_graphs_and_keeps_the_runs_counts():
     from vendor_graph.step import StepPolicy
 
+    released = []
     policy = StepPolicy.__new__(StepPolicy)
-    policy.backend = SimpleNamespace(release=lambda key: None, label="x")
+    policy.backend = SimpleNamespace(release=released.append, label="x")
     policy.stats = GraphStats()
     policy.guard = SimpleNamespace(clear=lambda: None, forget=lambda key: None)
-    policy.eager_reasons = {}
+    policy.eager_reasons = {"k": "why"}
     policy._progress = None
     policy.stats.decoded(3, 1)
+    policy.stats.captured(4, 0.5, 1000, key="k4")
     policy.stats.replayed(4, 3, 4)
+    policy.stats.eager("why")
     policy.reset()
-    assert policy.stats.histogram == {(3, 1): 1} and policy.stats.replays == 0
+    assert released == [None] and policy.eager_reasons == {}
+    assert policy.stats.histogram == {(3, 1): 1} and policy.stats.replays == 1 and policy.stats.captures == 1
+    assert policy.stats.buckets[4].capture_seconds == 0.5 and policy.stats.eager_steps == {"why": 1}
+    assert policy.stats.graph_memory == 1000 and policy.stats.alive_bytes == {}
+    policy.stats.captured(4, 0.25, 1000, key="k4")  # the same graph again after the reset: not twice the memory
+    assert policy.stats.graph_memory == 1000 and policy.stats.buckets[4].captures == 2
+
+
+def test_graph_memory_is_the_most_the_graphs_alive_at_once_took():
+    graph_stats = GraphStats()
+    graph_stats.captured(8, 0.1, 800, key="k8")
+    graph_stats.captured(4, 0.1, 400, key="k4")
+    assert graph_stats.graph_memory == 1200
+    graph_stats.released("k8")  # a stale graph, captured again (the allocator kept its memory: it grows less)
+    graph_stats.captured(8, 0.1, 100, key="k8")
+    assert graph_stats.graph_memory == 1200 and graph_stats.buckets[8].capture_bytes == 800
+    graph_stats.released(None)  # a reset: every graph captured again, with more memory this time
+    graph_stats.captured(8, 0.1, 900, key="k8")
+    graph_stats.captured(4, 0.1, 500, key="k4")
+    assert graph_stats.graph_memory == 1400
+    assert (graph_stats.buckets[8].capture_bytes, graph_stats.buckets[4].capture_bytes) == (900, 500)
+    assert GraphStats().graph_memory is None
+
+
+def test_a_runner_gone_and_the_one_rebuilt_after_it_are_one_runner_in_the_file(registry, tmp_path):
+    first = FakeRunner(carried={(3, 1): 10})
+    registry.register(first)
+    _served(first, [3, 3, 5])
+    first.stats.captured(4, 0.5, 4000)
+    first.stats.captured(8, 0.5, 8000)
+    first.stats.eager("injected")
+    del first
+    gc.collect()
+    assert registry.live_runners() == []
+    (name,) = registry.summaries()
+    assert name.endswith(" (gone)")  # a closed pipeline's runner: still reported
+    doc = json.loads(open(registry.write_stats_file("exit", path=tmp_path / "s.json")).read())
+    assert (doc["captures"], doc["replays"], doc["graph_memory_bytes"]) == (2, 3, 12000)
+    # rebuilt on a wake-up: its plan read the file this run had written meanwhile
+    second = FakeRunner(carried={(3, 1): 12, (5, 1): 1})
+    registry.register(second)
+    _served(second, [3, 1])
+    second.stats.captured(4, 0.25, 3000)
+    other = FakeRunner(sizes=(1, 2))  # a draft model's runner: another runner
+    registry.register(other)
+    _served(other, [1])
+    doc = json.loads(open(registry.write_stats_file("exit", path=tmp_path / "s.json")).read())
+    assert doc["capture_sizes"] == [1, 2, 4, 8] and [r["capture_sizes"] for r in doc["runners"]] == [[1, 2, 4, 8],
+                                                                                                   [1, 2]]
+    assert doc["batch_histogram"] == {"1": 1, "3": 13, "5": 1}  # carried once, from the first plan
+    assert (doc["decode_steps"], doc["carried_steps"], doc["replays"], doc["captures"]) == (15, 10, 5, 3)
+    assert doc["buckets"]["4"]["captures"] == 2 and doc["buckets"]["4"]["capture_seconds"] == 0.75
+    assert doc["buckets"]["4"]["capture_bytes"] == 4000 and doc["graph_memory_bytes"] == 12000
+    assert doc["eager_steps"] == {"injected": 1}
+    tables = registry.summaries()
+    assert len(tables) == 2 and f"{id(second):#x}" in next(iter(tables))
 
 
 def test_the_write_is_atomic_a_failed_write_leaves_the_old_file(registry, tmp_path, monkeypatch):

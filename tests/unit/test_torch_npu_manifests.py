@@ -20,7 +20,7 @@ from load_by_path import load_by_path
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_manifests"
 TOOL = ROOT / "tools" / "torch_npu_manifest.py"
-MODULE = ROOT / "vendor_graph" / "ascend" / "releases.py"
+MODULE = ROOT / "vendor_graph" / "vendors" / "ascend" / "releases.py"
 
 
 av = load_by_path("_vg_test_ascend_versions", MODULE)

@@ -1,6 +1,6 @@
 """A CPU simulator of accelerator graph mode: a fake ``npu`` device, graph capture/replay, streams, events, and
 simulated ``torch_npu`` modules for every graph-API generation (G0 … G5), generated from the wheel manifests and
-:data:`vendor_graph.ascend.releases.GENERATION_FACTS`. Use it in its own process: torch allows one PrivateUse1
+:data:`vendor_graph.vendors.ascend.releases.GENERATION_FACTS`. Use it in its own process: torch allows one PrivateUse1
 backend name per process. Beyond ``torch_npu.npu``, the simulated package has what the real dlinfer and lmdeploy's
 Ascend backend reach for (``contrib.transfer_to_npu``, ``utils._path_manager``, ``profiler``,
 ``_C._NPUTaskGroupHandle``, ``empty_with_format``, ``__file__``/``__spec__``, the ATB plugin load, an Ascend910B1

@@ -4,7 +4,7 @@ Nothing here is written per generation. The public surface of ``torch_npu.npu`` 
 each function's and method's parameters, the class attributes, what ``graph.__enter__`` calls) comes
 from the per-release manifests in ``sim/vendor_graph_sim/data/torch_npu_manifests/`` (read from the real wheels by
 ``tools/torch_npu_manifest.py``); which ops ``NPUGraph.update()`` intercepts and how it patches them
-comes from :data:`vendor_graph.ascend.releases.GENERATION_FACTS`. Every generated function is real Python
+comes from :data:`vendor_graph.vendors.ascend.releases.GENERATION_FACTS`. Every generated function is real Python
 with the real parameter list, so a keyword a generation lacks raises ``TypeError`` as it would there.
 
 The behaviour behind the names is the simulator's: capture/replay in :mod:`._runtime`, the update
@@ -32,10 +32,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vendor_graph.patching import quiet_imports
-
-with quiet_imports():  # the release table, not the vendor
-    from vendor_graph.ascend.releases import GENERATION_FACTS, GENERATIONS, RELEASES, release_of
+from vendor_graph.vendors.ascend.releases import GENERATION_FACTS, GENERATIONS, RELEASES, release_of
 
 from . import _npu_surface, _tensor
 from . import _runtime as rt

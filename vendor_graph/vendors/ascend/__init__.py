@@ -1,18 +1,17 @@
-"""Graph mode for lmdeploy on Huawei Ascend: ``import vendor_graph.ascend`` before lmdeploy starts.
+"""The Ascend room: what ``import vendor_graph.ascend`` installs, importable without activating anything.
 
-Importing installs the Ascend buffer methods on lmdeploy's ``CudaGraphMixin`` and replaces what
-``AscendOpsBackend.build_graph_runner`` builds with :class:`~vendor_graph.ascend.runner.AscendGraphRunner`
+The profile patches lmdeploy's ``CudaGraphMixin`` buffer methods with the Ascend spec (:mod:`.spec`) and
+replaces what ``AscendOpsBackend.build_graph_runner`` builds with :class:`.runner.AscendGraphRunner`
 (keeping the builder's side effects: ``AscendOpsBackend.enable_graph`` and ``max_batches``). lmdeploy's
-Ascend MoE padding, which asks dlinfer's ``get_ascend_compatible_size``, is routed through the
-sizes of the runner serving that step, so the MoE token count and the graph's batch always agree.
-
-Vendor attention code registers its captured tasks through :func:`call_attention` (``vendor_graph.ascend.hook``).
+Ascend MoE padding, which asks dlinfer's ``get_ascend_compatible_size``, is routed through the sizes of the
+runner serving that step (:mod:`.moe`), so the MoE token count and the graph's batch always agree. Vendor
+attention code registers its captured tasks through :func:`.hook.call_attention`.
 """
 
 from __future__ import annotations
 
-from .. import patching
-from ..vendor import VendorProfile, activation_on_import
+from ... import patching
+from ...vendor import VendorProfile
 from . import dlinfer_adapter, moe
 from .buckets import ascend_capture_sizes
 from .hook import call_attention, capturing
@@ -41,8 +40,4 @@ PROFILE = VendorProfile(
     capture_rule=ascend_capture_sizes,
 )
 
-
-activate = activation_on_import(PROFILE)
-
-__all__ = ["PROFILE", "activate", "ascend_spec", "call_attention", "capturing",
-           "seqlen_update_path"]
+__all__ = ["PROFILE", "ascend_spec", "call_attention", "capturing", "seqlen_update_path"]

@@ -11,7 +11,7 @@ import contextvars
 import weakref
 from typing import Any
 
-from .. import buckets, patching
+from ... import buckets, patching
 from .buckets import ascend_bucket
 
 DLINFER_ASCEND_RUNNER_MODULE = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"

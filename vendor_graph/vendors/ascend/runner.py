@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .. import buckets, capacity, stats, switches
-from ..key import GraphKey
-from ..step import CaptureFailed, GraphBackend, StepPolicy
+from ... import buckets, capacity, stats, switches
+from ...key import GraphKey
+from ...step import CaptureFailed, GraphBackend, StepPolicy
 from . import hook, limits
 from .buckets import ascend_capture_sizes
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
@@ -310,8 +310,8 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
     def _check_reach(npu_graph: Any, tasks: list[hook.AttentionTask]) -> str | None:
         """Why the update would miss a registered task, or None when every task is reached."""
         if not tasks:
-            return ("no attention op registered through vendor_graph.ascend.hook.call_attention during capture; "
-                    "its host KV lengths would stay frozen at their capture values")
+            return ("no attention op registered through vendor_graph.vendors.ascend.hook.call_attention during "
+                    "capture; its host KV lengths would stay frozen at their capture values")
         wanted = sum(1 for t in tasks if t.path == GRAPH_UPDATE)
         if wanted:
             mode = getattr(npu_graph, "graph_dispatch_mode", None)

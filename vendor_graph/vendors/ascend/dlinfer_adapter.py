@@ -1,4 +1,4 @@
-"""Route dlinfer's Ascend decode attention through :func:`vendor_graph.ascend.hook.call_attention`.
+"""Route dlinfer's Ascend decode attention through :func:`vendor_graph.vendors.ascend.hook.call_attention`.
 
 dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly and do graph bookkeeping
 only while dlinfer's ``AscendGraphRunner.capturing`` is set; vendor_graph never sets it, so unrouted the kernels
@@ -33,7 +33,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import patching
+from ... import patching
 from . import hook
 from .seqlen import ATTENTION_OPS
 
@@ -195,9 +195,9 @@ def _patch_module(activation: patching.Activation, module_name: str, module: Any
     for name in missing:
         logger.error(
             "vendor_graph.ascend: %s.%s is missing (expected in %s); dlinfer's Ascend decode attention cannot "
-            "be routed through vendor_graph.ascend.hook.call_attention, so graphs whose attention does not "
+            "be routed through vendor_graph.vendors.ascend.hook.call_attention, so graphs whose attention does not "
             "register will run eager. Check the installed dlinfer version against "
-            "vendor_graph.ascend.dlinfer_adapter's table", module_name, name, EXPECTED_VERSIONS)
+            "vendor_graph.vendors.ascend.dlinfer_adapter's table", module_name, name, EXPECTED_VERSIONS)
 
 
 MOE_MODULE = "dlinfer.vendor.ascend.moe"

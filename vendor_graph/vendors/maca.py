@@ -1,4 +1,4 @@
-"""Graph mode for lmdeploy on MetaX MACA: ``import vendor_graph.maca`` before lmdeploy starts.
+"""The MetaX MACA room: what ``import vendor_graph.maca`` installs, importable without activating.
 
 MACA runs lmdeploy's own CUDA graph runner (the MACA torch build is CUDA-compatible), adopted by
 vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
@@ -8,18 +8,27 @@ On lmdeploy 0.18 its own ``MacaOpsBackend.update_step_context`` builds 0.18's at
 through :func:`vendor_graph.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
 """
 
+
 from __future__ import annotations
 
 import functools
 
+import torch
+
 from ..adopted import build_adopted_runner
-from ..cuda_style import install_metadata_fix
-from ..vendor import VendorProfile, activation_on_import
-from .spec import maca_spec
+from ..buffers import BATCH, BufferSpec
+from ..compat import LmdeployApi
+from ..cuda_style import cuda_style_spec, install_metadata_fix
+from ..vendor import VendorProfile
+
+
+def maca_spec(api: LmdeployApi) -> BufferSpec:
+    """MACA: ``kv_start_indices`` int64 shaped ``(max_batches, 1)``."""
+    return cuda_style_spec("maca", api, kv_start_shape=(BATCH, 1), kv_start_dtype=torch.int64)
+
 
 PROFILE = VendorProfile(name="maca", build_spec=maca_spec,
                         build_runner=functools.partial(build_adopted_runner, vendor="maca"),
                         extra_setup=functools.partial(install_metadata_fix, vendor="maca"))
-activate = activation_on_import(PROFILE)
 
-__all__ = ["PROFILE", "activate", "maca_spec"]
+__all__ = ["PROFILE", "maca_spec"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import settings
+from ... import settings
 from . import releases
 
 logger = logging.getLogger("vendor_graph")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..buckets import check_batch, check_max_batches
+from ...buckets import check_batch, check_max_batches
 
 
 def ascend_bucket(batch: int) -> int:

@@ -1,4 +1,9 @@
-"""Buffer spec of the CUDA reference vendor: what lmdeploy 0.18's CUDA decode reads with its Triton
+"""The CUDA reference room: what ``import vendor_graph.cuda`` installs on an NVIDIA GPU, importable without
+activating. It proves the package inside lmdeploy's real PyTorch engine on real graphs: lmdeploy's own CUDA
+graph runner, adopted by vendor_graph (:mod:`vendor_graph.adopted`), with the buffer spec below in place of
+lmdeploy's. Greedy tokens must equal lmdeploy's own graph mode on the same model.
+
+Buffer spec of the CUDA reference vendor: what lmdeploy 0.18's CUDA decode reads with its Triton
 attention (``backends/cuda/attention/default.py``, ``TritonAttentionImpl``).
 
 Decode reads ``block_offsets`` (int32), ``kv_seqlens``, ``cu_seqlens_q`` (paged attention) and
@@ -14,10 +19,12 @@ refused before anything is allocated, naming what to use instead.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
+from ..adopted import build_adopted_runner
 from ..buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
 from ..compat import LmdeployApi
 from ..fields import (
@@ -29,6 +36,7 @@ from ..fields import (
     query_lens,
     query_starts,
 )
+from ..vendor import VendorProfile
 
 TRITON_BUILDER = "TritonAttentionMetaBuilder"
 _INSTEAD = "run it with lmdeploy's own graph mode (do not import vendor_graph.cuda) or with eager_mode=True"
@@ -101,3 +109,13 @@ def fill_step_meta_buffers(graph_meta: Any, attn_metadata: Any) -> None:
     if plan is not None:
         plan.fill_cudagraph_buffers(graph_meta, graph_meta.input_buffers, _step_context(),
                                     graph_meta.step_meta_buffers, attn_metadata)
+
+
+PROFILE = VendorProfile(
+    name="cuda",
+    build_spec=cuda_spec,
+    build_runner=functools.partial(build_adopted_runner, vendor="cuda"),
+    op_backend=("lmdeploy.pytorch.backends.cuda.op_backend", "CudaOpsBackend"),
+    after_make=make_step_meta_buffers,
+    after_fill=fill_step_meta_buffers,
+)

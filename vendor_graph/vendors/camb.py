@@ -1,4 +1,4 @@
-"""Graph mode for lmdeploy on Cambricon MLU: ``import vendor_graph.camb`` before lmdeploy starts.
+"""The Cambricon MLU room: what ``import vendor_graph.camb`` installs, importable without activating.
 
 Camb runs lmdeploy's own CUDA graph runner (torch_mlu exposes a CUDA-style graph API), adopted by
 vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
@@ -8,18 +8,27 @@ On lmdeploy 0.18 its own ``CambOpsBackend.update_step_context`` builds 0.18's at
 through :func:`vendor_graph.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
 """
 
+
 from __future__ import annotations
 
 import functools
 
+import torch
+
 from ..adopted import build_adopted_runner
-from ..cuda_style import install_metadata_fix
-from ..vendor import VendorProfile, activation_on_import
-from .spec import camb_spec
+from ..buffers import BATCH, BufferSpec
+from ..compat import LmdeployApi
+from ..cuda_style import cuda_style_spec, install_metadata_fix
+from ..vendor import VendorProfile
+
+
+def camb_spec(api: LmdeployApi) -> BufferSpec:
+    """Camb: ``kv_start_indices`` int32 over the batch."""
+    return cuda_style_spec("camb", api, kv_start_shape=(BATCH,), kv_start_dtype=torch.int32)
+
 
 PROFILE = VendorProfile(name="camb", build_spec=camb_spec,
                         build_runner=functools.partial(build_adopted_runner, vendor="camb"),
                         extra_setup=functools.partial(install_metadata_fix, vendor="camb"))
-activate = activation_on_import(PROFILE)
 
-__all__ = ["PROFILE", "activate", "camb_spec"]
+__all__ = ["PROFILE", "camb_spec"]

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from ..buffers import BATCH, BATCH_PLUS_ONE, TOKENS, BufferField, BufferSpec, HeldAttr, Placement, Ref
-from ..compat import LmdeployApi
-from ..fields import (
+from ...buffers import BATCH, BATCH_PLUS_ONE, TOKENS, BufferField, BufferSpec, HeldAttr, Placement, Ref
+from ...compat import LmdeployApi
+from ...fields import (
     adapter_ids_field,
     block_table_field,
     context_query_fields,

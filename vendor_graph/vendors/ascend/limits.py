@@ -1,7 +1,7 @@
 """Ascend capture limits: the ExternalEvent budget of captured graphs, and the ACL capture errors.
 
 Every attention task in a captured Ascend decode graph waits on an ``ExternalEvent`` inside a task group:
-on the task-update path our capture scope creates them (:mod:`vendor_graph.ascend.hook`), on the
+on the task-update path our capture scope creates them (:mod:`vendor_graph.vendors.ascend.hook`), on the
 graph-update path torch_npu's dispatcher does the same for each op it intercepts (torch_npu's
 ``_GraphDispatchMode``). They live as long as the graph. So the graphs of one process need
 about ``attention layers x attention ops per layer x graphs`` of them, and the device runs out: capture
@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .. import settings
+from ... import settings
 from .seqlen import GRAPH_UPDATE, PATHS, TASK_UPDATE
 
 EVENT_BUDGET_ENV = settings.variable("npu_event_budget")

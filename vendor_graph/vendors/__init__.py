@@ -1,0 +1,32 @@
+"""The vendors' rooms: each vendor's buffer spec, runner and facts, importable without activating anything.
+
+Activation is the job of the public modules at the top (``import vendor_graph.ascend`` ...), which nothing in
+the package imports: code that needs a vendor's facts imports its room (``vendor_graph.vendors.ascend.releases``)
+or asks :func:`profile`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..patching import Activation
+    from ..vendor import VendorProfile
+
+
+def profile(vendor: str) -> VendorProfile:
+    """The :class:`~vendor_graph.vendor.VendorProfile` of ``vendor`` (``ascend``, ``camb``, ``maca``, ``cuda``)."""
+    from .. import REFERENCE_VENDORS, VENDORS
+
+    if vendor not in VENDORS + REFERENCE_VENDORS:
+        raise ValueError(f"unknown vendor {vendor!r}: expected one of {', '.join(VENDORS + REFERENCE_VENDORS)}")
+    return importlib.import_module(f"{__name__}.{vendor}").PROFILE
+
+
+def activate(vendor: str) -> Activation:
+    """Activate ``vendor`` in this process, as ``import vendor_graph.<vendor>`` does (idempotent)."""
+    return importlib.import_module(f"vendor_graph.{vendor}").activate()
+
+
+__all__ = ["activate", "profile"]
