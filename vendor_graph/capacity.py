@@ -15,9 +15,10 @@ Capture sizes, in order of precedence (:func:`resolve_capture_plan`, run where a
 
 Graph memory (:func:`reservation`, run by lmdeploy's executor, which sizes the KV cache before any graph
 exists: ``_reserve_runtime_mem`` in 0.16-0.18, wrapped by :func:`install`): ``VENDOR_GRAPH_GRAPH_MEMORY``
-bytes, or with ``auto`` (the default) what the previous run's captures took (``graph_memory_bytes`` of
-its stats file: the allocator's growth around each capture) scaled to this ``max_batch_size`` and given
-:data:`MARGIN`; nothing without a stats file.
+bytes, or with ``auto`` (the default) what the previous run's graphs took (``graph_memory_bytes`` of its
+stats file: the most the graphs alive at one time took to capture, measured as the allocator's growth around
+each capture; graphs captured again after a reset or by a rebuilt runner do not add to it) scaled to this
+``max_batch_size`` and given :data:`MARGIN`; nothing without a stats file.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class BucketStats:
     real_tokens: int = 0
     padded_tokens: int = 0
     capture_seconds: float = 0.0
-    capture_bytes: int | None = None
+    capture_bytes: int | None = None  # the most one capture of this size took (recaptures do not add up)
     capture_failures: int = 0
     stale_recaptures: int = 0
     shadow_checks: int = 0
@@ -53,12 +53,16 @@ class BucketStats:
 
 @dataclass
 class GraphStats:
-    """One runner's counters (a draft model's runner has its own)."""
+    """One runner's counters over the whole run (a draft model's runner has its own). A reset of the runner
+    releases its graphs but keeps the counts: the stats file and the summaries report the run."""
 
     buckets: dict[int, BucketStats] = field(default_factory=dict)
     eager_steps: Counter = field(default_factory=Counter)
     # (real batch, query length) -> decode steps that reached graph mode's decision, whatever it was.
     histogram: dict[tuple[int, int], int] = field(default_factory=dict)
+    # The graphs alive now (graph key, or padded batch where none is given) -> the memory their capture took.
+    alive_bytes: dict[Any, int] = field(default_factory=dict)
+    peak_bytes: int | None = None  # the largest total alive_bytes reached
 
     def decoded(self, batch: int, query_len: int) -> None:
         key = (batch, query_len)
@@ -70,12 +74,23 @@ class GraphStats:
             stats = self.buckets[padded_batch] = BucketStats()
         return stats
 
-    def captured(self, padded_batch: int, seconds: float, nbytes: int | None = None) -> None:
+    def captured(self, padded_batch: int, seconds: float, nbytes: int | None = None, key: Any = None) -> None:
         stats = self.bucket(padded_batch)
         stats.captures += 1
         stats.capture_seconds += seconds
         if nbytes is not None:
-            stats.capture_bytes = (stats.capture_bytes or 0) + max(0, nbytes)
+            nbytes = max(0, nbytes)
+            stats.capture_bytes = max(stats.capture_bytes or 0, nbytes)
+            self.alive_bytes[padded_batch if key is None else key] = nbytes
+            self.peak_bytes = max(self.peak_bytes or 0, sum(self.alive_bytes.values()))
+
+    def released(self, key: Any = None) -> None:
+        """The graph of ``key`` (every graph for None) is gone: a later capture of it does not add to
+        :attr:`graph_memory`."""
+        if key is None:
+            self.alive_bytes.clear()
+        else:
+            self.alive_bytes.pop(key, None)
 
     def capture_failed(self, padded_batch: int) -> None:
         self.bucket(padded_batch).capture_failures += 1
@@ -134,9 +149,34 @@ class GraphStats:
 
     @property
     def graph_memory(self) -> int | None:
-        """Device memory the captures took (allocator growth around each), None where never measured."""
-        known = [b.capture_bytes for b in self.buckets.values() if b.capture_bytes is not None]
-        return sum(known) if known else None
+        """Device memory the graphs needed: the most that the graphs alive at one time took to capture
+        (allocator growth around each capture), None where never measured.
+
+        A graph released and captured again (a stale graph, a runner reset on sleep, a weight update or a
+        closed pipeline) counts once, not once per capture: this is the memory the graphs hold together,
+        which is what the next run keeps out of its KV cache (:func:`vendor_graph.capacity.reservation`)."""
+        return self.peak_bytes
+
+    def merged(self, later: GraphStats) -> GraphStats:
+        """These counts followed by ``later``'s (a runner lmdeploy rebuilt: its graphs replace these):
+        counts add up; a bucket's capture memory and the graph memory are the larger of the two."""
+        buckets = {size: dataclasses.replace(b) for size, b in list(self.buckets.items())}
+        for size, b in list(later.buckets.items()):
+            mine = buckets.get(size)
+            if mine is None:
+                buckets[size] = dataclasses.replace(b)
+                continue
+            for f in dataclasses.fields(BucketStats):
+                if f.name != "capture_bytes":
+                    setattr(mine, f.name, getattr(mine, f.name) + getattr(b, f.name))
+            mine.capture_bytes = _larger(mine.capture_bytes, b.capture_bytes)
+        histogram = dict(self.histogram)
+        for key, steps in list(later.histogram.items()):
+            histogram[key] = histogram.get(key, 0) + steps
+        eager = Counter(dict(self.eager_steps))
+        eager.update(dict(later.eager_steps))
+        return GraphStats(buckets=buckets, eager_steps=eager, histogram=histogram,
+                          peak_bytes=_larger(self.peak_bytes, later.peak_bytes))
 
     def progress(self, total: int, stream: Any = None) -> CaptureProgress:
         return CaptureProgress(total, stream=stream)
@@ -154,6 +194,10 @@ class GraphStats:
         for reason, count in self.eager_steps.most_common():
             lines.append(f"eager steps: {count} ({reason})")
         return "\n".join(lines)
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def device_memory(device_module: Any) -> int | None:
@@ -238,31 +282,93 @@ class _NoOp:
 
 _NOTHING = _NoOp()
 
-# -- the live-runner registry: summaries on demand and once at exit -----------------------------------
+# -- the runner registry: summaries on demand and once at exit, and what the stats file reports -------
 
-_RUNNERS: weakref.WeakSet = weakref.WeakSet()
+@dataclass
+class RunnerRecord:
+    """What the summaries and the stats file need of one registered runner, kept after the runner is gone
+    (a closed pipeline's, or the one lmdeploy replaces on a wake-up from ``sleep(level=2)``)."""
+
+    label: str
+    vendor: str
+    sizes: list[int]
+    capture_plan: Any
+    stats: GraphStats
+    ident: int  # id() of the runner: the summaries name it by it
+    runner: Any  # a weak reference to it
+
+    def capture_sizes(self) -> list[int]:
+        return self.sizes
+
+    @property
+    def lineage(self) -> tuple:
+        """Runners with the same label, capture sizes, max_batch_size and layer count are taken for one runner
+        rebuilt, and reported as one (so are two such runners alive at once: two engines of one model)."""
+        plan = self.capture_plan
+        return (self.label, self.vendor, tuple(self.sizes), getattr(plan, "max_batches", None),
+                getattr(plan, "num_layers", 0))
+
+    def followed_by(self, later: RunnerRecord) -> RunnerRecord:
+        """One record for both: the first one's capture plan (what it carried from the previous run's stats
+        file is carried once), the later one's name and runner, the counts of both."""
+        return dataclasses.replace(later, capture_plan=self.capture_plan, stats=self.stats.merged(later.stats))
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.records: list[RunnerRecord] = []  # registered runners, alive when last looked at
+        self.gone: dict[tuple, RunnerRecord] = {}  # lineage -> its runners that are gone, merged
+
+    def sweep(self) -> None:
+        for record in [r for r in self.records if r.runner() is None]:
+            self.records.remove(record)
+            earlier = self.gone.get(record.lineage)
+            self.gone[record.lineage] = record if earlier is None else earlier.followed_by(record)
+
+
+_REGISTRY = _Registry()
 _LOCK = threading.Lock()
 _REPORTED = False
 
 
-def register(runner: Any) -> None:
-    """Count ``runner`` (it has ``label`` and ``stats``) among :func:`live_runners`; the first runner of a
-    process with ``VENDOR_GRAPH_STATS_FILE`` set starts the periodic stats file writer."""
+def register(runner: Any, graph_stats: GraphStats | None = None) -> None:
+    """Count ``runner`` (it has ``label``, ``capture_sizes()`` and, unless ``graph_stats`` is given, ``stats``)
+    among :func:`live_runners`, and in :func:`runs` for the rest of the process; the first runner of a process
+    with ``VENDOR_GRAPH_STATS_FILE`` set starts the periodic stats file writer."""
+    record = RunnerRecord(label=runner.label, vendor=getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
+                          sizes=list(runner.capture_sizes()), capture_plan=getattr(runner, "capture_plan", None),
+                          stats=runner.stats if graph_stats is None else graph_stats, ident=id(runner),
+                          runner=weakref.ref(runner))
     with _LOCK:
-        _RUNNERS.add(runner)
+        _REGISTRY.sweep()
+        if not any(r.runner() is runner for r in _REGISTRY.records):
+            _REGISTRY.records.append(record)
     _writer.start()
 
 
 def live_runners() -> list[Any]:
     """Every vendor_graph runner alive in this process (``.stats`` says what it did)."""
     with _LOCK:
-        return list(_RUNNERS)
+        return [r for r in (record.runner() for record in _REGISTRY.records) if r is not None]
+
+
+def runs() -> list[RunnerRecord]:
+    """Every runner of this process, alive or gone, over its whole run (its resets do not take counts away),
+    with a runner and the ones rebuilt after it as one record (:attr:`RunnerRecord.lineage`)."""
+    with _LOCK:
+        _REGISTRY.sweep()
+        merged = dict(_REGISTRY.gone)
+        for record in _REGISTRY.records:
+            earlier = merged.get(record.lineage)
+            merged[record.lineage] = record if earlier is None else earlier.followed_by(record)
+    return list(merged.values())
 
 
 def summaries() -> dict[str, str]:
-    """``<label> runner <id>`` -> summary table of every live runner that did anything (on demand)."""
-    return {f"{runner.label} runner {id(runner):#x}": runner.stats.summary()
-            for runner in live_runners() if not runner.stats.empty()}
+    """``<label> runner <id>`` -> summary table of every runner of :func:`runs` that did anything (on
+    demand); `` (gone)`` follows the name of one no longer alive."""
+    return {f"{r.label} runner {r.ident:#x}{'' if r.runner() is not None else ' (gone)'}": r.stats.summary()
+            for r in runs() if not r.stats.empty()}
 
 
 def log_summaries(reason: str = "on demand") -> str:
@@ -285,7 +391,8 @@ def _keyed(mapping: dict[int, Any]) -> dict[str, Any]:
 
 
 def runner_document(runner: Any) -> dict[str, Any]:
-    """One runner's part of the stats file: its capture plan, the batch histogram and per-bucket stats."""
+    """One runner's part of the stats file (``runner``: a runner or a :class:`RunnerRecord`): its capture plan,
+    the batch histogram and per-bucket stats."""
     graph_stats: GraphStats = runner.stats
     plan = getattr(runner, "capture_plan", None)
     histogram = dict(graph_stats.histogram)
@@ -345,9 +452,9 @@ def stats_files(base: str | os.PathLike) -> list[Path]:
 
 
 def document(reason: str) -> dict[str, Any] | None:
-    """The stats file's document for every live runner (None when there is none): the top level is the
-    runner with the most decode steps, and ``runners`` lists each when there are several."""
-    runners = [r for r in live_runners() if getattr(r, "stats", None) is not None]
+    """The stats file's document for every runner of :func:`runs` (None when there is none): the top level
+    is the runner with the most decode steps, and ``runners`` lists each when there are several."""
+    runners = runs()
     if not runners:
         return None
     parts = [runner_document(r) for r in runners]

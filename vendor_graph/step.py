@@ -117,8 +117,9 @@ class StepPolicy:
         self.eager_reasons: dict[GraphKey, str] = {}
         self._warned_oversize = False
         self._progress: stats.CaptureProgress | None = None
+        self._replays_at_reset = 0
         switches.apply_debug()
-        stats.register(backend)
+        stats.register(backend, self.stats)
         intact = patching.ensure_owned("where a graph runner was built")
         rank, world = stats.process_rank()
         logger.info("%s: graph runner built on rank %d of %d (pid %d); vendor_graph's patches %s", backend.label,
@@ -168,19 +169,22 @@ class StepPolicy:
     def release(self, key: GraphKey | None) -> None:
         """Drop the graph of ``key`` (every graph for None) with its guard record."""
         self.backend.release(key)
+        self.stats.released(key)
         if key is None:
             self.guard.clear()
         else:
             self.guard.forget(key)
 
     def reset(self) -> None:
-        """Forget every graph, eager decision and count but the batch histogram (the runner's own ``reset``)."""
+        """Forget every graph and eager decision (the runner's own ``reset``: lmdeploy's sleep, weight update
+        and pipeline close). The stats stay: they are the run's, and the graphs they counted are only gone."""
         self.release(None)
         self.eager_reasons.clear()
         self._end_progress()
+        self._replays_at_reset = self.stats.replays
         if not self.stats.empty():
-            logger.debug("%s: graph stats before reset:\n%s", self.backend.label, self.stats.summary())
-        self.stats = GraphStats(histogram=self.stats.histogram)  # the workload seen outlives the graphs
+            logger.debug("%s: graphs released; graph stats of the run so far:\n%s", self.backend.label,
+                         self.stats.summary())
 
     def _end_progress(self) -> None:
         if self._progress is not None:
@@ -189,7 +193,7 @@ class StepPolicy:
 
     def _capture(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
         backend = self.backend
-        if self._progress is None and self.stats.replays == 0:  # the up-front captures (lmdeploy's warmup)
+        if self._progress is None and self.stats.replays == self._replays_at_reset:  # lmdeploy's warmup captures
             self._progress = self.stats.progress(len(backend.capture_sizes()))
         # The fill re-binds the step's attn_metadata and StepContext to the graph's buffers: keep the
         # step's own for an eager fallback.
@@ -218,7 +222,7 @@ class StepPolicy:
         seconds = time.perf_counter() - start
         memory_after = backend.device_memory()
         nbytes = None if memory_before is None or memory_after is None else max(0, memory_after - memory_before)
-        self.stats.captured(key.padded_batch, seconds, nbytes)
+        self.stats.captured(key.padded_batch, seconds, nbytes, key)
         self.guard.record(key, kwargs)
         if self._progress is not None:
             self._progress.captured(key.padded_batch)
