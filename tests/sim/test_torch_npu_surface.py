@@ -72,6 +72,30 @@ def test_transfer_to_npu_redirects_torch_cuda_until_the_block_ends():
     assert all(after[k] is before[k] for k in before)
 
 
+def test_transfer_to_npu_maps_a_cuda_device_to_the_npu_until_the_block_ends():
+    """What lmdeploy's startup check does (``torch.tensor(..., device='cuda')``, ``new_tensor``), and the other
+    factories and methods the real transfer_to_npu maps, land on the NPU; all of it restored at the block's end."""
+    owners = {torch: ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "zeros_like"),
+              torch.Tensor: ("to", "new_tensor", "new_zeros", "new_empty", "cuda", "is_cuda"),
+              torch.nn.Module: ("to", "cuda")}
+    before = {(o, n): o.__dict__.get(n) for o, names in owners.items() for n in names}
+    with sim.use_torch_npu("G5"):
+        from torch_npu.contrib import transfer_to_npu  # noqa: F401
+
+        a = torch.tensor([1, 2], device="cuda")
+        b = a.new_tensor([3, 4], device="cuda")
+        assert a.device.type == b.device.type == "npu" and (a + b).tolist() == [4, 6]
+        assert torch.zeros(2, device=torch.device("cuda", 0)).device == torch.device("npu", 0)
+        assert torch.ones(1).to("cuda").device.type == "npu" and torch.ones(1).cuda().is_cuda
+        assert torch.arange(3, device="cuda:0").device.type == "npu"
+        assert torch.nn.Linear(2, 2).to("cuda").weight.device.type == "npu"
+        assert torch.nn.Linear(2, 2).cuda().weight.device.type == "npu"
+        assert torch.ones(1).to(torch.float16).dtype == torch.float16  # other arguments pass through
+    assert {(o, n): o.__dict__.get(n) for o, names in owners.items() for n in names} == before
+    with pytest.raises((RuntimeError, AssertionError)):  # outside the block, cuda is cuda again (none here)
+        torch.tensor([1], device="cuda")
+
+
 def test_cuda_graph_api_still_works_after_a_transfer_block():
     with sim.use_torch_npu("G3a"):
         import torch_npu.contrib.transfer_to_npu  # noqa: F401

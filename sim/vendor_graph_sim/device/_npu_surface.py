@@ -12,8 +12,9 @@ they do is the simulator's:
   register the emulated operators (:func:`vendor_graph_sim.kernels.register`) instead of dlopen-ing it;
   any other path goes to torch's own loader;
 - importing ``torch_npu.contrib.transfer_to_npu`` points every public ``torch.cuda`` attribute that the
-  simulated ``torch.npu`` also has at the ``torch.npu`` one (:class:`CudaRedirect`), until
-  ``use_torch_npu`` exits, which restores ``torch.cuda`` exactly;
+  simulated ``torch.npu`` also has at the ``torch.npu`` one, and maps a ``cuda`` device given to torch's
+  factories, ``Tensor`` and ``Module`` methods to the NPU (:class:`CudaRedirect`), until ``use_torch_npu``
+  exits, which restores all of it exactly;
 - submodules are imported through a meta-path finder installed for the ``use_torch_npu`` block, so each
   has a real ``ModuleSpec`` and ``importlib.util.find_spec`` works on them.
 """
@@ -115,12 +116,51 @@ class _Finder(importlib.abc.MetaPathFinder):
         return self.package.__sim_surface__.specs.get(fullname)
 
 
+# torch factories that take ``device=`` (torch_npu's transfer_to_npu wraps the same family; only those this torch has)
+_DEVICE_FACTORIES = (
+    "arange", "as_tensor", "bartlett_window", "blackman_window", "empty", "empty_like", "empty_strided", "eye",
+    "frombuffer", "full", "full_like", "hamming_window", "hann_window", "kaiser_window", "linspace", "logspace",
+    "normal", "ones", "ones_like", "rand", "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm",
+    "range", "scalar_tensor", "tensor", "tril_indices", "triu_indices", "zeros", "zeros_like",
+)
+_TENSOR_DEVICE_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros", "to")
+_MODULE_DEVICE_METHODS = ("to", "to_empty")
+
+
+def npu_device(device: Any) -> Any:
+    """``device`` with a ``cuda`` device named as the NPU (``"cuda:0"`` -> ``"npu:0"``); anything else as given."""
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        return "npu" + device[4:]
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("npu", device.index) if device.index is not None else torch.device("npu")
+    return device
+
+
+def _on_npu(fn: Callable[..., Any], positional: bool) -> Callable[..., Any]:
+    """``fn`` with a ``cuda`` ``device=`` (and, for ``positional``, a ``cuda`` positional argument) on the NPU."""
+
+    def on_npu(*args: Any, **kwargs: Any) -> Any:
+        if "device" in kwargs:
+            kwargs["device"] = npu_device(kwargs["device"])
+        if positional:
+            args = tuple(npu_device(a) for a in args)
+        return fn(*args, **kwargs)
+
+    on_npu.__name__ = getattr(fn, "__name__", "on_npu")
+    on_npu.__qualname__ = getattr(fn, "__qualname__", on_npu.__name__)
+    on_npu.__doc__ = getattr(fn, "__doc__", None)
+    on_npu.__wrapped__ = fn  # type: ignore[attr-defined]
+    return on_npu
+
+
 class CudaRedirect:
-    """``transfer_to_npu``: torch.cuda's attributes that the simulated torch.npu also has, pointed at it."""
+    """``transfer_to_npu``: torch.cuda's attributes that the simulated torch.npu also has, pointed at it, and a
+    ``cuda`` device given to torch's factories, ``Tensor.to`` / ``new_*`` / ``cuda()`` / ``is_cuda`` and
+    ``Module.to`` / ``cuda()`` taken as the NPU (what lmdeploy's ``device='cuda'`` startup check needs)."""
 
     def __init__(self, npu: types.ModuleType) -> None:
         self.npu = npu
-        self.saved: dict[str, Any] | None = None
+        self.saved: dict[tuple[Any, str], Any] | None = None
 
     def names(self) -> list[str]:
         return sorted(name for name in vars(self.npu) if not name.startswith("_") and hasattr(torch.cuda, name))
@@ -129,21 +169,33 @@ class CudaRedirect:
     def applied(self) -> bool:
         return self.saved is not None
 
+    def _replacements(self) -> list[tuple[Any, str, Any]]:
+        out: list[tuple[Any, str, Any]] = [(torch.cuda, name, getattr(self.npu, name)) for name in self.names()]
+        out += [(torch, name, _on_npu(getattr(torch, name), False)) for name in _DEVICE_FACTORIES
+                if hasattr(torch, name)]
+        out += [(torch.Tensor, name, _on_npu(getattr(torch.Tensor, name), True)) for name in _TENSOR_DEVICE_METHODS]
+        out += [(torch.nn.Module, name, _on_npu(getattr(torch.nn.Module, name), True))
+                for name in _MODULE_DEVICE_METHODS]
+        out += [(torch.Tensor, "cuda", torch.Tensor.npu), (torch.Tensor, "is_cuda", torch.Tensor.is_npu),
+                (torch.nn.Module, "cuda", torch.nn.Module.npu)]
+        return out
+
     def apply(self) -> None:
         if self.saved is not None:
             return
-        names = self.names()
-        self.saved = {name: torch.cuda.__dict__.get(name, _MISSING) for name in names}
-        for name in names:
-            setattr(torch.cuda, name, getattr(self.npu, name))
+        replacements = self._replacements()
+        self.saved = {(owner, name): owner.__dict__.get(name, _MISSING) for owner, name, _ in replacements}
+        for owner, name, value in replacements:
+            setattr(owner, name, value)
 
     def restore(self) -> None:
         saved, self.saved = self.saved, None
-        for name, value in (saved or {}).items():
+        for (owner, name), value in (saved or {}).items():
             if value is _MISSING:
-                torch.cuda.__dict__.pop(name, None)
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
             else:
-                setattr(torch.cuda, name, value)
+                setattr(owner, name, value)
 
 
 class Surface:
