@@ -22,7 +22,6 @@ from pathlib import Path
 from . import VENDORS, __version__, patching, settings
 from .vendor import MIXIN_METHODS
 
-SIM_SWITCH = "VENDOR_GRAPH_SIM"  # vendor-graph-sim's switch: the simulated NPU in every interpreter
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
     "camb": ("torch_mlu", "torch_mlu (Cambricon)"),
@@ -103,15 +102,15 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     env_vendor = vendor_reading.value if vendor_reading is not None and vendor_reading.problem is None else None
     vendor = vendor or env_vendor
 
-    sim_reading = next((r for r in readings if r.name == SIM_SWITCH), None)
+    sim_reading = next((r for r in readings if r.name == settings.SIM_SWITCH), None)
     simulated = sim_reading.value if sim_reading is not None and sim_reading.problem is None else None
 
     lines.append("\nVendor runtimes")
     present = []
     for name, (module, what) in RUNTIMES.items():
         if name == "ascend" and simulated:
-            add(f"{name:<7} {what}: simulated by vendor-graph-sim ({SIM_SWITCH}={simulated}): a CPU emulation, "
-                f"no device")
+            add(f"{name:<7} {what}: simulated by vendor-graph-sim ({settings.SIM_SWITCH}={simulated}): a CPU "
+                f"emulation, no device")
             continue
         found = _findable(module)
         version = _version(module.replace("_", "-"), module) if "." not in module else None
@@ -130,7 +129,7 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     add(f"torch {torch_version or 'not installed'}", problem=torch_version is None)
     npu_version = _version("torch_npu", "torch-npu")
     if simulated:
-        add(f"torch_npu simulated ({SIM_SWITCH}={simulated})")
+        add(f"torch_npu simulated ({settings.SIM_SWITCH}={simulated})")
         lines.extend(_torch_npu_lines(simulated))
     elif npu_version is None:
         add("torch_npu not installed (Ascend only; `vendor-graph paths` lists every release's seq-len paths)")

@@ -387,10 +387,11 @@ def _runtime_settings() -> dict[str, Setting]:
 
 
 SETTINGS: dict[str, Setting] = _runtime_settings()
+SIM_SWITCH = "VENDOR_GRAPH_SIM"  # vendor-graph-sim's: the simulated NPU in every interpreter (doctor shows it)
 TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
             scope="simulator"),
-    Setting("VENDOR_GRAPH_SIM", "the simulator switch: every interpreter sees the simulated NPU of this torch_npu "
+    Setting(SIM_SWITCH, "the simulator switch: every interpreter sees the simulated NPU of this torch_npu "
             "generation or release from its start (vendor_graph_sim.boot)", kind=TorchNpuRelease(), none="off",
             scope="simulator"),
     Setting("VENDOR_GRAPH_VENV", "the demo's virtualenv (scripts/setup-env.sh and demo.sh)", scope="tooling"),
