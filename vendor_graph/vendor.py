@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import buckets, capacity, compat, lifecycle, patching, settings, switches
+from . import bridges, buckets, capacity, compat, lifecycle, patching, settings, switches
 from .buffers import BufferSpec
 from .compat import LmdeployApi
 
@@ -182,6 +182,7 @@ def install(profile: VendorProfile) -> patching.Activation:
         patching.when_imported(profile.op_backend_module, patch_builder)
         lifecycle.install(activation)  # a finished weight update drops the graphs (lmdeploy does not)
         capacity.install(activation)  # graph memory kept out of the KV cache lmdeploy sizes
+        bridges.install(activation)  # lmdeploy calls the installed dlinfer cannot take, where its signatures say so
         if profile.extra_setup is not None:
             profile.extra_setup(activation)
 

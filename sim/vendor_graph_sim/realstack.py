@@ -36,7 +36,7 @@ import torch
 
 from vendor_graph import settings
 
-from . import boot
+from . import boot, standins
 from .boot import STANDIN_LABEL, pinned_release  # noqa: F401  (re-exported: the tests and benchmarks name them)
 
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
@@ -69,9 +69,10 @@ def dlinfer_origin() -> tuple[str, Path | None]:
     root = settings.load().dlinfer_src
     if root is not None:
         return "source", Path(root)
-    if importlib.util.find_spec("dlinfer") is not None:
+    found = importlib.util.find_spec("dlinfer")
+    if found is not None and found.origin and not standins.is_standin(found.origin):
         return "installed", None
-    raise DlinferUnavailable(f"no dlinfer: {HOW_TO_PROVIDE}")
+    raise DlinferUnavailable(f"no dlinfer: {HOW_TO_PROVIDE} (the tests' stand-in dlinfer runs no kernel)")
 
 
 def dlinfer_description() -> str:

@@ -1,0 +1,364 @@
+"""lmdeploy's own engine and pipeline on the simulated NPU: what a user runs, end to end.
+
+A tiny random-weight checkpoint (:func:`write_model`: the real-stack Llama or DeepSeek-V2 MLA, with a word-level
+tokenizer and a generation config) is served by ``lmdeploy.pipeline(...)`` with ``device_type='ascend'``: the
+engine checks its environment, imports dlinfer, builds the model and its KV cache, warms up (capturing graphs),
+schedules, prefills, decodes, samples and detokenises, on the simulated torch_npu of the simulator switch
+(:mod:`vendor_graph_sim.boot`). :func:`run` serves one workload eager or in graph mode and reports the tokens,
+the runner lmdeploy built and what it did; :func:`compare` puts an eager and a graph run side by side.
+
+The process must see the simulated NPU before lmdeploy imports dlinfer: ``VENDOR_GRAPH_SIM`` set at interpreter
+start, or :func:`switch_on` before anything imports ``torch_npu``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import itertools
+import json
+import logging
+import random
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+MODELS = ("lmdeploy-llama", "lmdeploy-mla")
+BLOCK_SIZE = 16
+SESSION_LEN = 512
+FIXED_BLOCKS = 96
+AUTO_CACHE_FRACTION = 0.0005  # of the simulated 64 GiB: thousands of blocks, sized by lmdeploy from free memory
+SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: the checkpoints' pad, bos and eos are 0, 1 and 2
+
+
+# -- the model a user would point the pipeline at -------------------------------------------------------------
+
+
+def vocabulary(size: int) -> list[str]:
+    """``size`` tokens: the special ones, then two-syllable words (``bako``, ``bami`` ...)."""
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = (a + b for a, b in itertools.product(syllables, repeat=2))
+    return list(SPECIAL) + list(itertools.islice(words, size - len(SPECIAL)))
+
+
+def write_model(model: str, directory: Path, seed: int = 0) -> Path:
+    """A checkpoint lmdeploy can serve: ``model``'s random weights and config (:mod:`vendor_graph_sim.realstack`),
+    a word-level tokenizer over its vocabulary, and a generation config."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from . import realstack
+
+    checkpoint = realstack.write_checkpoint(model, Path(directory), seed)
+    config = json.loads((checkpoint / "config.json").read_text())
+    vocab = {word: i for i, word in enumerate(vocabulary(config["vocab_size"]))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(str(checkpoint))
+    (checkpoint / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+         "pad_token_id": config["pad_token_id"]}))
+    return checkpoint
+
+
+# -- the workload -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    prompt: str
+    max_new_tokens: int
+
+
+def workload(seed: int = 0, *, requests: int = 10, shared_prefix: int = 0, vocab_size: int = 384) -> list[Request]:
+    """``requests`` prompts of different lengths that finish after different numbers of tokens (8 to 8 +
+    3 * (requests - 1)), so that with a smaller ``max_batch_size`` requests queue, join mid-run and leave: the
+    decode batch shrinks inside a bucket and crosses buckets. ``shared_prefix`` words open every prompt (prefix
+    caching reuses their blocks)."""
+    rng = random.Random(seed)
+    words = vocabulary(vocab_size)[len(SPECIAL):]
+    prefix = [rng.choice(words) for _ in range(shared_prefix)]
+    out = []
+    for i in range(requests):
+        body = [rng.choice(words) for _ in range(rng.randint(3, 2 * BLOCK_SIZE + 5))]
+        out.append(Request(" ".join(prefix + body), 8 + 3 * i))
+    return out
+
+
+# -- running the pipeline -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """One pipeline run: its settings, what it returned, and the graph runner lmdeploy built."""
+
+    model: str
+    mode: str  # "graph" or "eager"
+    lmdeploy: str
+    torch_npu: str
+    executor: str
+    max_batch_size: int
+    prefix_caching: bool
+    cache: str  # "fixed" or "from free memory"
+    num_blocks: int = 0
+    requests: int = 0
+    tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    texts: list[str] = dataclasses.field(default_factory=list)
+    runner: str = ""  # the class lmdeploy built (module.qualname)
+    vendor_graph_active: bool = False
+    captures: int = 0
+    replays: int = 0  # vendor_graph's runner: its stats; another runner: the simulator's graph replays
+    eager_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    histogram: dict[str, int] = dataclasses.field(default_factory=dict)
+    prefill_kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # dlinfer's prefill ops called
+    seconds: float = 0.0
+
+    @property
+    def token_count(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def switch_on(spec: str = "G5") -> None:
+    """Turn the simulator switch on in this process (as ``VENDOR_GRAPH_SIM=spec`` at start would); before
+    anything imports ``torch_npu``."""
+    import sys
+
+    from . import boot
+
+    if "torch_npu" in sys.modules and boot.active() is None:
+        raise RuntimeError("torch_npu is already imported in this process: turn the simulator switch on first "
+                           f"(set {boot.ENV} before the interpreter starts)")
+    boot.install(spec)
+
+
+def _runner_name(runner: Any) -> str:
+    cls = type(runner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _model_agent(pipe: Any) -> Any:
+    return pipe.async_engine.engine.executor.model_agent
+
+
+PREFILL_KERNELS = ("prefill_attention", "paged_prefill_attention")
+
+
+@contextlib.contextmanager
+def _counting_prefill_kernels(counts: dict[str, int]) -> Iterator[None]:
+    """Count the calls of dlinfer's vendor prefill kernels (without and with cached history) for the block: the
+    registry ``dlinfer.ops`` looks each one up in at every call."""
+    from dlinfer.vendor import vendor_ops_registry as registry
+
+    saved = {name: registry[name] for name in PREFILL_KERNELS if name in registry}
+
+    def counted(name: str, kernel: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return kernel(*args, **kwargs)
+
+        return call
+
+    registry.update({name: counted(name, kernel) for name, kernel in saved.items()})
+    try:
+        yield
+    finally:
+        registry.update(saved)
+
+
+@contextlib.contextmanager
+def _quiet_lmdeploy() -> Iterator[None]:
+    logger = logging.getLogger("lmdeploy")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request], max_batch_size: int = 6,
+        prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni") -> EngineRun:
+    """Serve ``requests`` through ``lmdeploy.pipeline`` (Ascend, greedy, ``ignore_eos``) and close it."""
+    import lmdeploy
+    import torch
+    from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
+
+    import vendor_graph
+    from vendor_graph import stats
+
+    from . import device as sim
+
+    record = EngineRun(model=model, mode="graph" if graph else "eager", lmdeploy=lmdeploy.__version__,
+                       torch_npu=getattr(__import__("torch_npu"), "__version__", "?"), executor=executor,
+                       max_batch_size=max_batch_size, prefix_caching=prefix_caching,
+                       cache="from free memory" if cache_from_memory else "fixed", requests=len(requests))
+    config = PytorchEngineConfig(
+        device_type="ascend", eager_mode=not graph, max_batch_size=max_batch_size, block_size=BLOCK_SIZE,
+        session_len=SESSION_LEN, enable_prefix_caching=prefix_caching, distributed_executor_backend=executor,
+        num_gpu_blocks=0 if cache_from_memory else FIXED_BLOCKS,
+        cache_max_entry_count=AUTO_CACHE_FRACTION if cache_from_memory else 0.8)
+    gen = [GenerationConfig(top_k=1, do_sample=False, ignore_eos=True, max_new_tokens=r.max_new_tokens)
+           for r in requests]
+    replays_before = sim.counters.replays
+    start = time.perf_counter()
+    with _quiet_lmdeploy():
+        pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")
+    try:
+        with _counting_prefill_kernels(record.prefill_kernels):
+            outputs = pipe([r.prompt for r in requests], gen_config=gen)
+        agent = _model_agent(pipe) if executor == "uni" else None
+        runner = getattr(agent, "patched_model", None)
+        record.runner = _runner_name(runner) if runner is not None else ""
+        record.num_blocks = int(getattr(getattr(agent, "cache_config", None), "num_gpu_blocks", 0) or 0)
+        record.vendor_graph_active = vendor_graph.active_vendor() is not None
+        if runner is not None and hasattr(runner, "stats"):
+            document = stats.runner_document(runner)
+            record.captures, record.replays = runner.stats.captures, runner.stats.replays
+            record.eager_reasons = dict(runner.stats.eager_steps)
+            record.histogram = {str(k): v for k, v in document.get("batch_histogram", {}).items()}
+        else:
+            record.replays = sim.counters.replays - replays_before
+    finally:
+        with _quiet_lmdeploy():
+            pipe.close()
+    record.seconds = round(time.perf_counter() - start, 2)
+    torch.npu.synchronize()
+    for out in outputs:
+        record.tokens.append(list(out.token_ids))
+        record.finish_reasons.append(str(out.finish_reason))
+        record.texts.append(out.text)
+    return record
+
+
+@dataclasses.dataclass
+class Comparison:
+    """An eager and a graph run of the same workload."""
+
+    eager: EngineRun
+    graph: EngineRun
+
+    @property
+    def tokens_equal(self) -> bool:
+        return self.eager.tokens == self.graph.tokens and self.eager.token_count > 0
+
+    def first_difference(self) -> str | None:
+        for i, (a, b) in enumerate(zip(self.eager.tokens, self.graph.tokens, strict=False)):
+            if a != b:
+                at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+                return f"request {i}, token {at}: eager {a[at:at + 4]}, graph {b[at:at + 4]}"
+        if len(self.eager.tokens) != len(self.graph.tokens):
+            return f"{len(self.eager.tokens)} eager responses, {len(self.graph.tokens)} graph responses"
+        return None
+
+
+def compare(model: str, *, workdir: Path | None = None, seed: int = 0, requests: int = 10, max_batch_size: int = 6,
+            prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni") -> Comparison:
+    """:func:`run` eager, then in graph mode, on one checkpoint of ``model`` and one workload."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        checkpoint = write_model(model, Path(tmp) / model, seed)
+        load = workload(seed, requests=requests, shared_prefix=2 * BLOCK_SIZE + 3 if prefix_caching else 0)
+        kwargs = dict(model=model, requests=load, max_batch_size=max_batch_size, prefix_caching=prefix_caching,
+                      cache_from_memory=cache_from_memory, executor=executor)
+        eager = run(checkpoint, graph=False, **kwargs)
+        graph = run(checkpoint, graph=True, **kwargs)
+    return Comparison(eager, graph)
+
+
+# -- one process of runs (a user's script; the conformance tests run one per generation) ------------------------
+
+CASES = {  # name -> compare() options
+    "basic": {},
+    "prefix-auto": {"prefix_caching": True, "cache_from_memory": True},
+}
+
+
+RUNNERS = {
+    "vendor_graph": "import vendor_graph.ascend first, as the README says",
+    "dlinfer": "vendor_graph not imported; only its bridges installed, so that the engine starts on this stack and "
+               "dlinfer's own AscendGraphRunner serves the graphs",
+    "dlinfer-bare": "nothing of vendor_graph: lmdeploy and dlinfer as they are",
+}
+
+
+def install_bridges_alone() -> Any:
+    """vendor_graph's bridges without vendor_graph (:data:`RUNNERS` ``dlinfer``); returns what lists the names of
+    those installed so far (a bridge installs when the module it fixes is imported)."""
+    from vendor_graph import bridges, patching
+
+    alone = patching.Activation(vendor="ascend")
+    bridges.install(alone)
+
+    def names() -> list[str]:
+        ours = {id(p) for p in alone.patches}
+        return sorted({record.name for patch, record in bridges._records if id(patch) in ours})
+
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vendor_graph_sim.engine OUT.json [--models ...] [--cases ...] [--runner ...]``: eager and graph
+    runs of each model and case in this process, as a user's script runs them: ``import vendor_graph.ascend``
+    first (``--runner vendor_graph``), then lmdeploy's pipeline. The simulated NPU is the switch's
+    (``VENDOR_GRAPH_SIM``, default G5 here)."""
+    import argparse
+    import os
+    import sys
+    import traceback
+
+    parser = argparse.ArgumentParser(prog="python -m vendor_graph_sim.engine")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--cases", nargs="+", default=["basic"], choices=sorted(CASES))
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--max-batch-size", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runner", choices=sorted(RUNNERS), default="vendor_graph",
+                        help="; ".join(f"{k}: {v}" for k, v in RUNNERS.items()))
+    args = parser.parse_args(argv)
+    switch_on(os.environ.get("VENDOR_GRAPH_SIM", "").strip() or "G5")
+    if args.runner == "vendor_graph":
+        importlib.import_module("vendor_graph.ascend")  # the user's `import vendor_graph.ascend`, before lmdeploy
+        from vendor_graph import bridges
+
+        applied = lambda: sorted({b.name for b in bridges.applied()})  # noqa: E731
+    elif args.runner == "dlinfer":
+        applied = install_bridges_alone()
+    else:
+        applied = lambda: []  # noqa: E731
+
+    results: list[dict[str, Any]] = []
+    for model in args.models:
+        for case in args.cases:
+            entry: dict[str, Any] = {"model": model, "case": case}
+            try:
+                c = compare(model, seed=args.seed, requests=args.requests, max_batch_size=args.max_batch_size,
+                            **CASES[case])
+                entry.update(eager=dataclasses.asdict(c.eager), graph=dataclasses.asdict(c.graph),
+                             tokens_equal=c.tokens_equal, first_difference=c.first_difference())
+            except Exception as exc:  # noqa: BLE001 - recorded: what this stack does is the finding
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                entry["traceback"] = traceback.format_exc()[-3000:]
+            results.append(entry)
+    import lmdeploy
+    import torch_npu
+
+    from . import boot
+
+    args.out.write_text(json.dumps({
+        "lmdeploy": lmdeploy.__version__, "torch_npu": torch_npu.__version__,
+        "simulated": os.environ.get(boot.ENV, "G5"), "runner": args.runner, "bridges": applied(),
+        "results": results}, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
