@@ -311,19 +311,19 @@ def _has_field(cls: type, name: str) -> bool:
 
 
 def prefill_mismatch() -> str | None:
-    """Why the installed lmdeploy's dlinfer prefill call does not fit the imported dlinfer, or None.
+    """Why the installed lmdeploy's dlinfer prefill call does not fit the dlinfer ops its kernel calls, or None.
 
-    lmdeploy 0.18 passes ``actual_seq_lengths_cpu=`` to ``dlinfer.ops.prefill_attention`` and two length
-    arguments fewer to ``paged_prefill_attention`` than dlinfer main (a50184e) takes: every prefill raises
-    TypeError. Decode calls match. Where they do not fit, prompts are fed by decode steps instead.
+    lmdeploy 0.18 passes ``actual_seq_lengths_cpu=`` to ``prefill_attention`` and two length arguments fewer to
+    ``paged_prefill_attention`` than dlinfer main (a50184e) takes: every prefill raises TypeError, unless
+    vendor_graph's ``prefill-attention`` bridge (:mod:`vendor_graph.bridges`) stands between them. Where they do not
+    fit, prompts are fed by decode steps instead.
     """
     import inspect
 
-    import dlinfer.ops as ops
     from lmdeploy.pytorch.kernels.dlinfer import pagedattention
 
     wants = "actual_seq_lengths_cpu" in inspect.getsource(pagedattention)
-    takes = "actual_seq_lengths_cpu" in inspect.signature(ops.prefill_attention).parameters
+    takes = "actual_seq_lengths_cpu" in inspect.signature(pagedattention.ext_ops.prefill_attention).parameters
     if wants and not takes:
         return ("lmdeploy's dlinfer prefill kernel passes actual_seq_lengths_cpu=, which this dlinfer's "
                 "prefill_attention does not take (prefill raises TypeError)")
