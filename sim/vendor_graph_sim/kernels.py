@@ -10,7 +10,7 @@ update API), and what the kernel does with padding. Each operator here has
 - a fake/meta kernel for shape inference during capture.
 
 No kernel reads a DEVICE tensor on the host (no ``.item()``/``.tolist()``, no data-dependent shape):
-lengths held in device tensors are applied with masks over the static capacity of the block table. The
+lengths held in device tensors are applied with masks over the whole capacity of the block table. The
 one exception is a range check of index data (a KV slot past the cache, a scatter index outside the
 target), which stands for the device's own assert: on CPU data it is read when the op runs (at replay,
 for a captured graph), on other devices it is an asynchronous assert.
@@ -89,11 +89,15 @@ KV cache layouts (lmdeploy's ``<Vendor>OpsBackend.get_k_block_shape``): Ascend a
 ``(num_blocks, num_kv_heads, block_size, head_dim)`` (``layout="bhsd"``). A slot index is
 ``block_id * block_size + offset``.
 
-Numerics: every attention kernel gathers the whole block-table capacity, masks positions outside a
-row's length, accumulates in float64 and rounds once to the query dtype. Rows with nothing to attend
-to (padding rows with length 0) return zeros. Garbage (even NaN) in unused cache slots never reaches
-the output. Results are deterministic and, because of the float64 accumulation, practically
-independent of the batch size and of the width of the block table.
+Numerics: every paged attention kernel gathers the block-table columns its HOST lengths address,
+``ceil(longest length / block_size)`` of them (at least one, at most the table's width), so that the
+thousands of columns of an engine's graph table cost nothing; where the lengths are on the device only
+(Camb with ``max_kv_seq_len <= 0``, MACA) it gathers the whole table. It masks positions outside a row's
+length, accumulates in float64 and rounds once to the query dtype. Rows with nothing to attend
+to (padding rows with length 0) return zeros. Garbage (even NaN, or a block id out of range) in unused
+cache slots and table columns never reaches the output. Results are deterministic, the same whatever the
+table holds past the addressed columns, and, because of the float64 accumulation, practically
+independent of the batch size.
 """
 
 from __future__ import annotations
@@ -127,13 +131,18 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"cache layout must be one of {LAYOUTS}, got {layout!r}")
 
 
-def gather_paged(cache: Tensor, block_table: Tensor, layout: str = "bshd") -> Tensor:
-    """All positions a block table can address, per row: ``(B, blocks * block_size, heads, dim)``.
+def gather_paged(cache: Tensor, block_table: Tensor, layout: str = "bshd", longest: int | None = None) -> Tensor:
+    """The positions a block table addresses, per row: ``(B, blocks * block_size, heads, dim)``.
 
+    ``longest`` (a host int: the longest KV length the caller attends to) limits the gather to the
+    columns covering it, at least one and at most all of them; ``None`` gathers every column.
     Block ids are clamped into range (a padding row's table may hold anything); positions beyond a
     row's length are masked by the caller, never read on the host.
     """
     _check_layout(layout)
+    if longest is not None:
+        block_size = cache.shape[1] if layout == "bshd" else cache.shape[2]
+        block_table = block_table[:, :max(1, -(-longest // block_size))]
     ids = block_table.long().clamp(0, cache.shape[0] - 1)
     blocks = cache[ids]  # (B, MB, BS, H, D) or (B, MB, H, BS, D)
     if layout == "bhsd":
@@ -142,16 +151,21 @@ def gather_paged(cache: Tensor, block_table: Tensor, layout: str = "bshd") -> Te
     return blocks.reshape(b, mb * bs, h, d)
 
 
-def _host_lengths(lengths: Sequence[int] | Tensor | None, batch: int, default: int, what: str) -> Tensor:
-    """A host length list (or host tensor) as an int64 CPU tensor of ``batch`` entries."""
-    if lengths is None:
-        return torch.full((batch,), default, dtype=torch.int64)
+def _host_length_values(lengths: Sequence[int] | Tensor, batch: int, what: str) -> list[int]:
+    """A host length list (or host tensor) as ``batch`` Python ints (one value stands for every row)."""
     values = lengths.tolist() if isinstance(lengths, Tensor) else list(lengths)
     if len(values) == 1 and batch != 1:
         values = values * batch
     if len(values) != batch:
         raise ValueError(f"{what} has {len(values)} entries for a batch of {batch}")
-    return torch.tensor([int(v) for v in values], dtype=torch.int64)
+    return [int(v) for v in values]
+
+
+def _host_lengths(lengths: Sequence[int] | Tensor | None, batch: int, default: int, what: str) -> Tensor:
+    """A host length list (or host tensor) as an int64 CPU tensor of ``batch`` entries."""
+    if lengths is None:
+        return torch.full((batch,), default, dtype=torch.int64)
+    return torch.tensor(_host_length_values(lengths, batch, what), dtype=torch.int64)
 
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: float) -> tuple[Tensor, Tensor]:
@@ -327,24 +341,26 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
             q = torch.cat((q, query_rope.reshape(b, s, num_heads, -1).to(q.dtype)), dim=-1)
         ql = _host_lengths(q_lens, b, s, "actual_seq_lengths").to(device).clamp(max=s)
 
+    kv_values = None if kv_lens is None else _host_length_values(kv_lens, b, "actual_seq_lengths_kv")
     if block_table is not None:
         if block_size <= 0:
             raise ValueError("paged FIA (block_table given) needs block_size > 0")
+        longest = None if kv_values is None else max(kv_values, default=0)
 
         def blocks(x: Tensor) -> Tensor:
             return x if x.dim() == 4 else x.reshape(x.shape[0], block_size, num_kv_heads, -1)
 
-        k = gather_paged(blocks(key), block_table)
-        v = gather_paged(blocks(value), block_table)
+        k = gather_paged(blocks(key), block_table, longest=longest)
+        v = gather_paged(blocks(value), block_table, longest=longest)
         if key_rope is not None:
-            k = torch.cat((k, gather_paged(blocks(key_rope), block_table).to(k.dtype)), dim=-1)
+            k = torch.cat((k, gather_paged(blocks(key_rope), block_table, longest=longest).to(k.dtype)), dim=-1)
     else:
         k = key.reshape(b, key.shape[1], num_kv_heads, -1)
         v = value.reshape(b, value.shape[1], num_kv_heads, -1)
         if key_rope is not None:
             k = torch.cat((k, key_rope.reshape(b, key_rope.shape[1], num_kv_heads, -1).to(k.dtype)), dim=-1)
     capacity = k.shape[1]
-    kv = _host_lengths(kv_lens, b, capacity, "actual_seq_lengths_kv").to(device).clamp(max=capacity)
+    kv = _host_lengths(kv_values, b, capacity, "actual_seq_lengths_kv").to(device).clamp(max=capacity)
     pos = _positions(capacity, device).view(1, 1, capacity)
     row = _positions(s, device).view(1, s, 1)
     allowed = (pos < kv.view(b, 1, 1)) & (row < ql.view(b, 1, 1))
@@ -511,10 +527,12 @@ def _mla(q_nope, q_rope, ctkv, k_rope, block_tables, context_lens, q_headnum, qk
         raise NotImplementedError(f"emulated MLA: ND caches only (cache_mode None/'krope_ctkv'), not {cache_mode!r}")
     b = q_nope.shape[0]
     q = torch.cat((q_nope.reshape(b, q_headnum, -1), q_rope.reshape(b, q_headnum, -1).to(q_nope.dtype)), dim=-1)
-    c = gather_paged(ctkv.reshape(*ctkv.shape[:2], kv_headnum, -1), block_tables)
-    kr = gather_paged(k_rope.reshape(*k_rope.shape[:2], kv_headnum, -1), block_tables)
+    values = _host_length_values(context_lens, b, "context_lens")
+    longest = max(values, default=0)
+    c = gather_paged(ctkv.reshape(*ctkv.shape[:2], kv_headnum, -1), block_tables, longest=longest)
+    kr = gather_paged(k_rope.reshape(*k_rope.shape[:2], kv_headnum, -1), block_tables, longest=longest)
     k = torch.cat((c, kr.to(c.dtype)), dim=-1)
-    lens = _host_lengths(context_lens, b, c.shape[1], "context_lens").to(q.device)
+    lens = torch.tensor(values, dtype=torch.int64, device=q.device)
     allowed = (_positions(c.shape[1], q.device).view(1, 1, -1) < lens.view(b, 1, 1))
     out, _ = _attend(q.unsqueeze(1), k, c, allowed, qk_scale)
     return out.squeeze(1)
@@ -540,11 +558,12 @@ def _mla_out_fake(*args, attn_out, **kwargs):
 
 
 def _paged_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor, lengths: Tensor,
-                  scale: float, layout: str) -> Tensor:
-    """Decode attention over a paged cache, ``query (B, N, D)``, lengths a ``(B,)`` tensor."""
+                  scale: float, layout: str, longest: int | None) -> Tensor:
+    """Decode attention over a paged cache, ``query (B, N, D)``, lengths a ``(B,)`` tensor, ``longest`` a host
+    bound on them (``None``: none known on the host)."""
     b = query.shape[0]
-    k = gather_paged(key_cache, block_table, layout)
-    v = gather_paged(value_cache, block_table, layout)
+    k = gather_paged(key_cache, block_table, layout, longest)
+    v = gather_paged(value_cache, block_table, layout, longest)
     lens = lengths.reshape(-1).to(device=query.device, dtype=torch.int64)
     allowed = _positions(k.shape[1], query.device).view(1, 1, -1) < lens.view(b, 1, 1)
     out, _ = _attend(query.reshape(b, 1, query.shape[1], -1), k, v, allowed, scale)
@@ -553,19 +572,20 @@ def _paged_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_t
 
 def _atb_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
                          context_lens, out):
-    lens = _host_lengths(context_lens, query.shape[0], 0, "context_lens")
+    values = _host_length_values(context_lens, query.shape[0], "context_lens")
     kc = key_cache.reshape(*key_cache.shape[:2], num_kv_heads, -1)
     vc = value_cache.reshape(*value_cache.shape[:2], num_kv_heads, -1)
-    res = _paged_decode(query.reshape(query.shape[0], num_heads, -1), kc, vc, block_table, lens, scale_value, "bshd")
+    res = _paged_decode(query.reshape(query.shape[0], num_heads, -1), kc, vc, block_table,
+                        torch.tensor(values, dtype=torch.int64), scale_value, "bshd", max(values, default=0))
     out.copy_(res.reshape(out.shape))
 
 
 def _atb_paged_attention_mla(query, key_cache, num_kv_heads, num_heads, scale_value, block_table, context_lens,
                              mla_vheadsize, out):
-    lens = _host_lengths(context_lens, query.shape[0], 0, "context_lens")
+    values = _host_length_values(context_lens, query.shape[0], "context_lens")
     kc = key_cache.reshape(*key_cache.shape[:2], num_kv_heads, -1)
     res = _paged_decode(query.reshape(query.shape[0], num_heads, -1), kc, kc[..., :mla_vheadsize], block_table,
-                        lens, scale_value, "bshd")
+                        torch.tensor(values, dtype=torch.int64), scale_value, "bshd", max(values, default=0))
     out.copy_(res.reshape(out.shape))
 
 
@@ -579,11 +599,12 @@ def _camb_decode(query, key_cache, value_cache, block_table, kv_seqlens, max_kv_
         # The kernel walks only max_kv_seq_len positions: a value frozen at capture that is smaller
         # than a later length silently drops the tail of that sequence.
         lens = lens.clamp(max=max_kv_seq_len)
-    return _paged_decode(query, key_cache, value_cache, block_table, lens, softmax_scale, "bhsd")
+    return _paged_decode(query, key_cache, value_cache, block_table, lens, softmax_scale, "bhsd",
+                         max_kv_seq_len if max_kv_seq_len > 0 else None)
 
 
 def _maca_decode(query, key_cache, value_cache, block_table, kv_seqlens, softmax_scale):
-    return _paged_decode(query, key_cache, value_cache, block_table, kv_seqlens, softmax_scale, "bshd")
+    return _paged_decode(query, key_cache, value_cache, block_table, kv_seqlens, softmax_scale, "bshd", None)
 
 
 def _no_output(*args, **kwargs) -> None:
