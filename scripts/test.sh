@@ -4,12 +4,12 @@
 # (.venvs/test-lmdeploy-<version> over a shared .venvs/test-base, scripts/setup-test-env.sh; the demo's .venv is
 # never touched), then the oldest-torch leg (torch 2.1.0 + lmdeploy 0.16.0, scripts/test-oldest-torch.sh;
 # VENDOR_GRAPH_SKIP_OLDEST_TORCH=1 leaves it out). Prints one total line over all runs.
-# The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, one process per torch_npu
-# generation) runs every generation on the last release (after the host suites, or G4 G5 after the sim
-# suites where the mutation checks run on the last release: the two cores balanced) and G1 + G5 plus its
-# other tests (MoE path, multi-token gate, demo) on the others (all of it after the sim suites where the
-# mutation checks run); VENDOR_GRAPH_DLINFER_SRC names the dlinfer it
-# runs (unset and no dlinfer installed: it skips).
+# The real-stack leg (tests/realstack: lmdeploy's models over the real dlinfer, and lmdeploy's own engine and
+# pipeline on the simulated NPU, one process per torch_npu generation) runs every generation on the last release
+# (after the host suites, or G4 G5 after the sim suites where the mutation checks run on the last release: the two
+# cores balanced) and G1 + G5 plus its other tests (MoE path, multi-token gate, demo) on the others (all of it
+# after the sim suites where the mutation checks run); VENDOR_GRAPH_DLINFER_SRC names the dlinfer it runs (unset
+# and no dlinfer installed: it skips).
 # The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
 # supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
 # The random schedules / property examples run 100/20 on the last release and 60/10 on the others (220 seeded
@@ -27,7 +27,7 @@ status=0
 real_stack() {
   local part=$1 gens=$2 which=$3 begin=$SECONDS rc=0
   shift 3
-  local select=(); [ "$which" = matrix ] && select=(-k lmdeploy_models_decode)
+  local select=(); [ "$which" = matrix ] && select=(-k "lmdeploy_models_decode or test_engine")
   VENDOR_GRAPH_REAL_STACK_GENERATIONS="$gens" "$py" -m pytest -q -p no:cacheprovider -rs "${select[@]}" \
     --junitxml="$reports/$version-real-$part.xml" tests/realstack "$@" > "$reports/$version-real-$part.log" 2>&1 \
     || rc=$?

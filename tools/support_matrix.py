@@ -65,7 +65,9 @@ class Breakage(NamedTuple):
     vendors: tuple[str, ...]
     since: str  # the first lmdeploy series it affects
     what: str
-    blocks: bool = True  # no published dlinfer runs that combination
+    blocks: bool = True  # no published dlinfer runs that combination (unless vendor_graph bridges it)
+    until: str | None = None  # the last lmdeploy series it affects (None: every later one)
+    bridged: str = ""  # how vendor_graph bridges it, where it does
 
 
 UPSTREAM: tuple[Breakage, ...] = (
@@ -76,13 +78,26 @@ UPSTREAM: tuple[Breakage, ...] = (
              "lmdeploy 0.18's dlinfer prefill kernel calls `dlinfer.ops.prefill_attention(..., "
              "actual_seq_lengths_cpu=...)`, and `dlinfer.ops.paged_prefill_attention` with two length arguments "
              "fewer, which no published dlinfer takes (neither dlinfer-ascend 0.2.7 nor GitHub main at a50184e): "
-             "every prefill raises TypeError; decode works"),
+             "every prefill raises TypeError; decode works",
+             bridged="on Ascend, vendor_graph's `prefill-attention` bridge hands dlinfer's ops the host lengths "
+                     "lmdeploy 0.16 passed (`VENDOR_GRAPH_BRIDGES`); Camb and MACA remain broken"),
+    Breakage(("ascend",), "0.16",
+             "dlinfer's GitHub main (a50184e) replaces `StateCacheEngine.allocate_caches` with a three-argument "
+             "version, and lmdeploy's `StateCacheEngine` passes it `state_specs=` and `num_layers=`: the engine's "
+             "cache cannot be built, eager mode too",
+             until="0.17",
+             bridged="vendor_graph's `state-cache` bridge adapts the call (`VENDOR_GRAPH_BRIDGES`)"),
+    Breakage(("ascend",), "0.17",
+             "lmdeploy's Ascend `build_graph_runner` passes `is_mla=` to dlinfer's `AscendGraphRunner`, which "
+             "dlinfer's GitHub main (a50184e) does not take: the engine cannot be built, eager mode too",
+             bridged="vendor_graph builds its own runner there instead"),
     Breakage(("camb", "maca"), "0.16",
              "no dlinfer-camb or dlinfer-maca distribution exists: build dlinfer from source "
              "(`DEVICE=camb` / `DEVICE=maca`)", blocks=False),
 )
 SHOWN = {"ascend": "Ascend", "camb": "Camb", "maca": "MACA"}
-SIMULATED = "CI here: lmdeploy's real classes, stand-in dlinfer, CPU simulator"
+SIMULATED = ("CI here: lmdeploy's real classes and, for Ascend, its engine and pipeline over the real dlinfer "
+             "(a50184e), on the CPU simulator")
 NEVER = "hardware: never run"
 
 
@@ -120,7 +135,8 @@ def _all_series() -> list[str]:
 
 def upstream(vendor: str, series: str) -> list[Breakage]:
     """The upstream breakages that apply to ``vendor`` on lmdeploy ``series``."""
-    return [b for b in UPSTREAM if vendor in b.vendors and _series_key(series) >= _series_key(b.since)]
+    return [b for b in UPSTREAM if vendor in b.vendors and _series_key(series) >= _series_key(b.since)
+            and (b.until is None or _series_key(series) <= _series_key(b.until))]
 
 
 def lmdeploy_rows() -> list[str]:
@@ -133,7 +149,7 @@ def lmdeploy_rows() -> list[str]:
                 status = "supported"
                 verified = f"{SIMULATED} ({s}.0); {NEVER}"
                 dlinfer = DLINFER[vendor]
-                broken = [b for b in upstream(vendor, s) if b.blocks]
+                broken = [b for b in upstream(vendor, s) if b.blocks and not (b.bridged and vendor == "ascend")]
                 if broken:
                     dlinfer = "**none published works**: " + "; ".join(b.what for b in broken)
                     verified = f"{SIMULATED} ({s}.0); hardware: blocked upstream, never run"
@@ -171,8 +187,13 @@ def status_rows() -> list[str]:
 def breakage_lines() -> list[str]:
     lines = []
     for n, b in enumerate(UPSTREAM, 1):
-        series = f"lmdeploy >= {b.since}" if b.since != _all_series()[0] else "every lmdeploy"
+        if b.until is not None:
+            series = f"lmdeploy {b.since}" + (f" to {b.until}" if b.until != b.since else "")
+        else:
+            series = f"lmdeploy >= {b.since}" if b.since != _all_series()[0] else "every lmdeploy"
         item = f"{n}. **{', '.join(SHOWN[v] for v in b.vendors)}, {series}**: {b.what}."
+        if b.bridged:
+            item += f" **Bridged**: {b.bridged}."
         lines += textwrap.wrap(item, 116, subsequent_indent="   ", break_long_words=False, break_on_hyphens=False)
     return lines
 

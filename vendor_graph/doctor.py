@@ -22,6 +22,9 @@ from pathlib import Path
 from . import VENDORS, __version__, patching, settings
 from .vendor import MIXIN_METHODS
 
+# the lmdeploy modules whose calls the bridges check (vendor_graph.bridges)
+BRIDGED_MODULES = ("lmdeploy.pytorch.engine.cache_engine", "lmdeploy.pytorch.kernels.dlinfer.pagedattention",
+                   "lmdeploy.pytorch.kernels.dlinfer.flash_attention")
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
     "ascend": ("torch_npu", "torch_npu (Ascend)"),
     "camb": ("torch_mlu", "torch_mlu (Cambricon)"),
@@ -162,6 +165,9 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     lines.append("\nCudaGraphMixin owners" + (f" (after activating {vendor})" if vendor else ""))
     lines.extend(_owner_lines(vendor))
 
+    lines.append("\nBridges over lmdeploy/dlinfer call gaps")
+    lines.extend(bridge_lines())
+
     lines.append("\nWorker processes")
     hook = autoload_hook()
     add(f"autoload hook vendor_graph_autoload.pth: {hook.describe()}", problem=not hook.installed)
@@ -286,6 +292,9 @@ def _torch_npu_lines(version: str) -> list[str]:
 def _upstream_notes(version) -> list[str]:
     from packaging.version import Version
 
+    from . import bridges
+
+    on = {b.name: bridges.allowed(b.name, _bridges_choice()) for b in bridges.BRIDGES}
     notes = []
     if version >= Version("0.17"):
         has = _findable("dlinfer.vendor.ascend") and _findable("dlinfer.vendor.ascend.version")
@@ -293,14 +302,58 @@ def _upstream_notes(version) -> list[str]:
                      "published dlinfer (0.2.7 on PyPI, 0.2.8 on GitHub) provides"
                      + ("; the dlinfer here has it" if has else "; the dlinfer here does not have it"
                         if _findable("dlinfer") else ""))
+        notes.append("ascend: lmdeploy >= 0.17's Ascend build_graph_runner passes is_mla= to dlinfer's "
+                     "AscendGraphRunner, which dlinfer main a50184e does not take (no engine, eager mode too); "
+                     "vendor_graph builds its own runner instead")
+    if version < Version("0.18"):
+        notes.append("ascend: lmdeploy 0.16/0.17's StateCacheEngine passes state_specs= and num_layers= to "
+                     "dlinfer main a50184e's three-argument allocate_caches (no engine, eager mode too); "
+                     + _bridge_state("state-cache", on))
     if version >= Version("0.18"):
         llm = _dlinfer_source_text("ops/llm.py")
         notes.append("ascend, camb, maca: lmdeploy 0.18's dlinfer prefill kernel passes actual_seq_lengths_cpu= to "
                      "dlinfer.ops.prefill_attention (and two length arguments fewer to paged_prefill_attention), "
                      "which dlinfer main a50184e (2026-07-20) does not take: every prefill raises TypeError"
                      + ("" if llm is None else "; the dlinfer here takes it" if "actual_seq_lengths_cpu" in llm
-                        else "; the dlinfer here does not take it: use lmdeploy 0.17 with it"))
+                        else "; the dlinfer here does not take it")
+                     + "; on Ascend " + _bridge_state("prefill-attention", on))
     return notes
+
+
+def _bridges_choice():
+    try:
+        return settings.parse().bridges
+    except settings.SettingsError:
+        return "auto"
+
+
+def _bridge_state(name: str, on: dict[str, bool]) -> str:
+    return (f"vendor_graph's {name} bridge adapts the call where its signature check finds it needed" if on[name]
+            else f"vendor_graph's {name} bridge would adapt it, but {settings.variable('bridges')} leaves it out")
+
+
+def bridge_lines() -> list[str]:
+    """The bridges over upstream call gaps: each with what it fixes, and the ones installed in this process."""
+    from . import bridges
+
+    choice = _bridges_choice()
+    installed = {}
+    for record in bridges.applied():
+        installed.setdefault(record.name, []).append(record.target)
+    out = []
+    for bridge in bridges.BRIDGES:
+        if bridge.name in installed:
+            state = "installed: " + ", ".join(installed[bridge.name])
+        elif not bridges.allowed(bridge.name, choice):
+            state = f"off ({settings.variable('bridges')})"
+        else:
+            state = "not needed here (lmdeploy's calls fit this dlinfer)" if patching.active() else "allowed"
+        out.append(f"  {bridge.name:<18} {state}")
+        out.append(f"  {'':<18} fixes: {bridge.fixes}")
+    if not installed and patching.active() is None:
+        out.append("  (no vendor active: each bridge checks its signatures when a vendor activates; "
+                   "`vendor-graph doctor --vendor ascend` runs that check for the lmdeploy and dlinfer here)")
+    return out
 
 
 def _dlinfer_source_text(relative: str) -> str | None:
@@ -331,6 +384,8 @@ def _owner_lines(vendor: str | None) -> list[str]:
     if vendor and _findable("dlinfer"):
         try:  # what a worker sees: dlinfer's lmdeploy_ext is imported by lmdeploy's vendor backend
             importlib.import_module(f"{compat.DLINFER_EXT_PREFIX}")
+            for name in BRIDGED_MODULES:  # each bridge checks its signatures as these import
+                importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001
             out.append(f"  (dlinfer's lmdeploy_ext does not import here: {type(exc).__name__}: {exc})")
         patching.ensure_owned("doctor")
