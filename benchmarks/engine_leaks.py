@@ -70,6 +70,7 @@ def main(model_dir: str, out: str) -> int:
         engine.start_loop()
         reference = None
         with_graphs, after_reset, reserved, differing, captures, replays = [], [], [], [], [], []
+        counted = (0, 0)
         started = time.perf_counter()
         for cycle in range(CYCLES):
             tokens = {b: await asyncio.gather(*[one(p) for p in prompts(b)]) for b in BATCHES}
@@ -78,10 +79,12 @@ def main(model_dir: str, out: str) -> int:
             elif tokens != reference:
                 differing.append(cycle)
             with_graphs.append(memory()[0])
-            # the runner's counters go with its graphs at the reset: read them before it
+            # the runner's counters are the run's (a reset keeps them): this cycle's are the growth since the last
             runners = live_runners()
-            captures.append(sum(r.stats.captures for r in runners))
-            replays.append(sum(r.stats.replays for r in runners))
+            total = (sum(r.stats.captures for r in runners), sum(r.stats.replays for r in runners))
+            captures.append(total[0] - counted[0])
+            replays.append(total[1] - counted[1])
+            counted = total
             reset()
             alloc, res = memory()
             after_reset.append(alloc)
