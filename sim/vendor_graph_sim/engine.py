@@ -47,7 +47,7 @@ def vocabulary(size: int) -> list[str]:
 def write_model(model: str, directory: Path, seed: int = 0) -> Path:
     """A checkpoint lmdeploy can serve: ``model``'s random weights and config (:mod:`vendor_graph_sim.realstack`),
     a word-level tokenizer over its vocabulary, and a generation config."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from . import realstack
@@ -57,6 +57,9 @@ def write_model(model: str, directory: Path, seed: int = 0) -> Path:
     vocab = {word: i for i, word in enumerate(vocabulary(config["vocab_size"]))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    # Decodes as no decoder does (words joined by spaces); xgrammar, which lmdeploy's engine builds over the
+    # tokenizer, warns on stderr about a tokenizer.json without one.
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>", pad_token="<pad>")
     fast.save_pretrained(str(checkpoint))
@@ -116,7 +119,8 @@ class EngineRun:
     replays: int = 0  # vendor_graph's runner: its stats; another runner: the simulator's graph replays
     eager_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     histogram: dict[str, int] = dataclasses.field(default_factory=dict)
-    prefill_kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # dlinfer's prefill ops called
+    prefill_kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # dlinfer's prefill kernels called
+    prefill_cached_tokens: int = 0  # cached history the paged prefills attended to (over all layers)
     seconds: float = 0.0
 
     @property
@@ -150,16 +154,26 @@ PREFILL_KERNELS = ("prefill_attention", "paged_prefill_attention")
 
 
 @contextlib.contextmanager
-def _counting_prefill_kernels(counts: dict[str, int]) -> Iterator[None]:
-    """Count the calls of dlinfer's vendor prefill kernels (without and with cached history) for the block: the
-    registry ``dlinfer.ops`` looks each one up in at every call."""
+def _counting_prefill_kernels(record: EngineRun) -> Iterator[None]:
+    """Count the calls of dlinfer's vendor prefill kernels (without and with cached history) for the block, and the
+    cached tokens the paged prefills attended to without computing them (prefix caching's reuse): the registry
+    ``dlinfer.ops`` looks each kernel up in at every call."""
+    import inspect
+
     from dlinfer.vendor import vendor_ops_registry as registry
 
     saved = {name: registry[name] for name in PREFILL_KERNELS if name in registry}
 
     def counted(name: str, kernel: Any) -> Any:
+        signature = inspect.signature(kernel)
+
         def call(*args: Any, **kwargs: Any) -> Any:
-            counts[name] = counts.get(name, 0) + 1
+            record.prefill_kernels[name] = record.prefill_kernels.get(name, 0) + 1
+            if name == "paged_prefill_attention":
+                bound = signature.bind(*args, **kwargs).arguments
+                kv = bound["kv_seq_len"]
+                kv_total = sum(kv.tolist() if hasattr(kv, "tolist") else kv)
+                record.prefill_cached_tokens += int(kv_total) - int(bound["query"].shape[0])
             return kernel(*args, **kwargs)
 
         return call
@@ -210,7 +224,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
     with _quiet_lmdeploy():
         pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")
     try:
-        with _counting_prefill_kernels(record.prefill_kernels):
+        with _counting_prefill_kernels(record):
             outputs = pipe([r.prompt for r in requests], gen_config=gen)
         agent = _model_agent(pipe) if executor == "uni" else None
         runner = getattr(agent, "patched_model", None)
