@@ -21,6 +21,16 @@ import importlib.metadata as m, sys
 sys.exit(0 if m.version(sys.argv[1]).startswith(sys.argv[2]) else 1)
 PY
 }
+met() {  # met FILE: every pin of that requirements file is installed (a changed pin installs again)
+  "$py" - "$1" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+from packaging.requirements import Requirement
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if line and not (r := Requirement(line)).specifier.contains(m.version(r.name), prereleases=True):
+        sys.exit(1)
+PY
+}
 
 installed torch 2.13.0 || pip_install torch==2.13.0
 if ! installed lmdeploy "$lmdeploy_version"; then
@@ -33,16 +43,16 @@ if ! installed lmdeploy "$lmdeploy_version"; then
   find "$site/lmdeploy" \( -name '*.so' -o -name '*.a' \) -delete
 fi
 # (pip repeats its conflict warning about lmdeploy's unmet pins here; expected)
-engine_imports='import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid, prometheus_client'
-"$py" -c "$engine_imports" 2>/dev/null \
-  || { pip_install -r "$root/requirements/lmdeploy-imports.txt" 2>&1 | grep -v -e 'requires' -e 'incompatible' \
+# the README's install: what lmdeploy's imports, engine and pipeline need, and, without their pins (triton, another
+# torch), what its engine imports beyond those
+imports=$root/requirements/lmdeploy-imports.txt no_deps=$root/requirements/lmdeploy-no-deps.txt
+met "$imports" \
+  || { pip_install -r "$imports" 2>&1 | grep -v -e 'requires' -e 'incompatible' \
          -e 'dependency conflicts' -e "pip's dependency resolver" || true
-       "$py" -c "$engine_imports" \
-         || { echo "requirements/lmdeploy-imports.txt failed to install" >&2; exit 1; }; }
-# what lmdeploy's engine imports beyond those, without their pins (triton, another torch)
-"$py" -c 'import xgrammar' 2>/dev/null \
-  || { pip_install --no-deps -r "$root/requirements/lmdeploy-no-deps.txt"
-       "$py" -c 'import xgrammar' || { echo "requirements/lmdeploy-no-deps.txt failed to install" >&2; exit 1; }; }
+       met "$imports" || { echo "requirements/lmdeploy-imports.txt failed to install" >&2; exit 1; }; }
+met "$no_deps" \
+  || { pip_install --no-deps -r "$no_deps"
+       met "$no_deps" || { echo "requirements/lmdeploy-no-deps.txt failed to install" >&2; exit 1; }; }
 # vendor_graph and its simulator package (vendor_graph_sim, which supplies `vendor-graph demo`), editable,
 # reinstalled when the installed ones are not this clone's. Asked from / : in the clone, the clone's
 # vendor_graph/ would answer for an install that is not there.

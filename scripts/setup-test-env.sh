@@ -29,15 +29,27 @@ own = pathlib.Path(sysconfig.get_paths()["purelib"]).resolve()
 sys.exit(0 if dist.version.startswith(sys.argv[2]) and pathlib.Path(dist._path).resolve().parent == own else 1)
 PY
 }
+met() {  # met PYTHON FILE: every pin of that requirements file is installed there (a changed pin installs again)
+  "$1" - "$2" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+from packaging.requirements import Requirement
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if line and not (r := Requirement(line)).specifier.contains(m.version(r.name), prereleases=True):
+        sys.exit(1)
+PY
+}
 
 # the base
 [ -x "$base/bin/python" ] || "${PYTHON:-python3}" -m venv "$base"
 has "$base/bin/python" torch 2.13.0 || pip_install "$base/bin/python" torch==2.13.0
-engine_imports='import transformers, mmengine, pydantic, psutil, PIL, requests, pybase64, zmq, shortuuid, prometheus_client'
-"$base/bin/python" -c "$engine_imports" 2>/dev/null \
-  || pip_install "$base/bin/python" -r "$root/requirements/lmdeploy-imports.txt"
-"$base/bin/python" -c 'import xgrammar' 2>/dev/null \
-  || pip_install "$base/bin/python" --no-deps -r "$root/requirements/lmdeploy-no-deps.txt"
+# the README's install (lmdeploy itself goes into each leg): what lmdeploy's imports, engine and pipeline need, and,
+# without their pins, what its engine imports beyond those
+imports=$root/requirements/lmdeploy-imports.txt no_deps=$root/requirements/lmdeploy-no-deps.txt
+met "$base/bin/python" "$imports" || quiet pip_install "$base/bin/python" -r "$imports"
+met "$base/bin/python" "$imports" || { echo "requirements/lmdeploy-imports.txt failed to install" >&2; exit 1; }
+met "$base/bin/python" "$no_deps" || pip_install "$base/bin/python" --no-deps -r "$no_deps"
+met "$base/bin/python" "$no_deps" || { echo "requirements/lmdeploy-no-deps.txt failed to install" >&2; exit 1; }
 "$base/bin/python" -c 'import pytest, hypothesis, ruff, hatchling, editables' 2>/dev/null \
   || pip_install "$base/bin/python" "pytest>=8" "hypothesis>=6.100" "ruff>=0.6" "hatchling>=1.21" editables
 base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
