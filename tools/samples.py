@@ -10,11 +10,13 @@ A sample sits in a document (README.md, docs/*.md) as::
     <!-- /sample -->
 
 Each is run as ``python -m vendor_graph ARGS`` with this interpreter, in the repository root, with no
-``VENDOR_GRAPH_*`` variable set, stdout and stderr interleaved as a terminal shows them (and one intra-op
-thread unless ``OMP_NUM_THREADS`` says otherwise). ``--write`` rewrites every block in place; ``--check``
-exits 1 naming each sample whose output differs, with a short diff.
-Both sides are normalised alike before they are compared (:func:`comparable`): times, log timestamps and pids;
-the paths of this machine are replaced before a block is written (:func:`present`). The samples are
+``VENDOR_GRAPH_*`` variable set but, for the samples that serve lmdeploy's engine, ``VENDOR_GRAPH_DLINFER_SRC``
+(:func:`dlinfer_source`: as set, else the snapshot beside the clone, as ``scripts/demo.sh`` finds it), stdout and
+stderr interleaved as a terminal shows them (and one intra-op thread unless ``OMP_NUM_THREADS`` says otherwise).
+``--write`` rewrites every block in place; ``--check`` exits 1 naming each sample whose output differs, with a
+short diff. Both sides are normalised alike before they are compared (:func:`comparable`): times, log timestamps
+and pids; the paths of this machine (and the dlinfer source, as ``$VENDOR_GRAPH_DLINFER_SRC``) are replaced before
+a block is written (:func:`present`). The samples are
 documented for the demo's environment (``scripts/demo.sh``'s ``.venv``: torch 2.13 CPU, the newest supported
 lmdeploy).
 
@@ -38,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = ROOT / "sim" / "vendor_graph_sim" / "data" / "standins"
 FROM_STATS = "benchmarks/results/capacity_refit_h200"
+DLINFER_ENV = "VENDOR_GRAPH_DLINFER_SRC"
+DLINFER_SNAPSHOT = ROOT.parent / "shared" / "third_party" / "dlinfer"  # where scripts/demo.sh and .ci/run look
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Sample:
     args: tuple[str, ...]  # after `vendor-graph`
     status: int = 0
     timeout: int = 300
+    dlinfer: bool = False  # runs lmdeploy's engine over the real dlinfer (VENDOR_GRAPH_DLINFER_SRC)
 
     @property
     def command(self) -> str:
@@ -59,7 +64,7 @@ class Sample:
 
 SAMPLES: tuple[Sample, ...] = (
     Sample("doctor", "README.md", ("doctor",)),
-    Sample("demo", "README.md", ("demo",)),
+    Sample("demo", "README.md", ("demo",), dlinfer=True),
     Sample("demo-camb", "docs/verification.md", ("demo", "--vendor", "camb", "--steps", "24", "--seqs", "9")),
     Sample("plan-ascend", "docs/capacity.md", ("plan", "--vendor", "ascend", "--max-batches", "256")),
     Sample("plan-from-stats", "docs/capacity.md",
@@ -82,8 +87,20 @@ TIMES = (
 SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[^\s'\"()=,]*[/\\](?:site|dist)-packages")
 
 
+def dlinfer_source() -> str | None:
+    """The dlinfer source checkout the engine's samples run on: ``VENDOR_GRAPH_DLINFER_SRC`` as set, else the
+    snapshot beside the clone where it exists, else None."""
+    given = os.environ.get(DLINFER_ENV)
+    if given:
+        return os.path.abspath(given)
+    return str(DLINFER_SNAPSHOT.resolve()) if (DLINFER_SNAPSHOT / "dlinfer" / "__init__.py").is_file() else None
+
+
 def _path_rules() -> list[tuple[re.Pattern[str], str]]:
     rules = [(SITE_PACKAGES, "<site-packages>")]
+    source = dlinfer_source()
+    for root in dict.fromkeys((source, os.path.realpath(source)) if source else ()):
+        rules.append((re.compile(re.escape(root) + r"(?![\w.-])"), f"${DLINFER_ENV}"))
     for root in dict.fromkeys((str(ROOT), os.path.realpath(ROOT))):
         rules.append((re.compile(re.escape(root) + r"(?![\w.-])"), "<repo>"))
     for tmp in dict.fromkeys((tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir()))):
@@ -109,10 +126,14 @@ def comparable(text: str) -> str:
     return text
 
 
-def child_env() -> dict[str, str]:
-    """This environment without VENDOR_GRAPH_* settings and without the test suite's stand-in dlinfer, stdout
-    unbuffered (so it interleaves with stderr as on a terminal)."""
+def child_env(sample: Sample | None = None) -> dict[str, str]:
+    """This environment without VENDOR_GRAPH_* settings (but the dlinfer source for ``sample``'s engine) and
+    without the test suite's stand-in dlinfer, stdout unbuffered (so it interleaves with stderr as on a
+    terminal)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VENDOR_GRAPH_")}
+    source = dlinfer_source() if sample is not None and sample.dlinfer else None
+    if source is not None:
+        env[DLINFER_ENV] = source
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
              if p and Path(p).resolve() != STANDINS.resolve()]
     if paths:
@@ -131,9 +152,11 @@ class Run:
     output: str
 
 
-def run(sample: Sample) -> Run:
-    proc = subprocess.run([sys.executable, "-m", "vendor_graph", *sample.args], cwd=ROOT, env=child_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=sample.timeout)
+def run(sample: Sample, extra: tuple[str, ...] = ()) -> Run:
+    """What ``sample``'s command prints; ``extra`` arguments must not change that (``--json PATH``)."""
+    proc = subprocess.run([sys.executable, "-m", "vendor_graph", *sample.args, *extra], cwd=ROOT,
+                          env=child_env(sample), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=sample.timeout)
     return Run(proc.returncode, proc.stdout)
 
 

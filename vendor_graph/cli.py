@@ -336,7 +336,7 @@ def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
     for entry in metadata.entry_points(group=PLUGIN_GROUP):
         entry.load()(sub)
     if "demo" not in sub.choices:
-        demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator (needs vendor-graph-sim)",
+        demo = sub.add_parser("demo", help="lmdeploy's pipeline on the simulated NPU (needs vendor-graph-sim)",
                               add_help=False, prefix_chars="+")
         demo.add_argument("rest", nargs=argparse.REMAINDER)
         demo.set_defaults(handler=_demo_missing)

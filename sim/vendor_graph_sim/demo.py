@@ -1,19 +1,35 @@
 """``vendor-graph demo``, which this package adds to the runtime's CLI (entry point ``vendor_graph.commands``).
 
-The tiny decoder on the CPU graph simulator, eager and graph side by side, with the parity verdict and
-the runner's stats; ``--json PATH`` also writes the verdict and the runner's counts there. Where a real
-torch_npu is installed, the simulator runs in a child process with torch's device-backend autoload off.
+By default, lmdeploy's own ``pipeline()`` on the simulated Ascend NPU (:mod:`vendor_graph_sim.engine`): a tiny
+random-weight checkpoint served eager (``eager_mode=True``) and in graph mode with ``vendor_graph.ascend``
+active, over the real dlinfer, on a workload whose requests queue, join mid-run and finish at different
+lengths; it prints whether every request's greedy tokens are equal, the runner lmdeploy built, its stats and
+the bridges applied. ``--model tiny`` (and ``--vendor camb`` / ``maca``, which have no simulated device for
+lmdeploy's engine) runs the simulator's tiny decoder instead, eager and graph side by side, step by step.
+``--json PATH`` also writes the verdict and the runner's counts there.
+
+Exit status: 0 when graph mode matched eager (and, for the engine, vendor_graph's runner replayed graphs), 1
+when it did not, 2 for a command line or environment that cannot run (one line naming the fix). Where a real
+torch_npu is installed, the tiny decoder runs in a child process with torch's device-backend autoload off.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib
+import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,13 +44,26 @@ from vendor_graph.cli import (
     json_path_type,
 )
 
-DEMO_MODEL = "tiny"  # the decoder the demo builds by default (vendor_graph_sim.tiny_model)
-# lmdeploy's own models over the real dlinfer (vendor_graph_sim.realstack)
-REAL_STACK_MODELS = ("lmdeploy-llama", "lmdeploy-mla")
+from . import engine
+
+DEMO_MODEL = "tiny"  # the simulator's own decoder (vendor_graph_sim.tiny_model)
+ENGINE_MODELS = engine.MODELS  # served by lmdeploy's pipeline() over the real dlinfer
+ENGINE_MODEL = ENGINE_MODELS[0]
+ENGINE_VENDOR = "ascend"  # the one vendor the simulator has a device of for lmdeploy's engine (torch_npu)
+TINY_OPTIONS = {"steps": 64, "seqs": 20, "backend": "sim"}  # the tiny decoder's options and their defaults
+REQUESTS = 8
+MAX_REQUESTS = 32
+MAX_BATCH_SIZE = 4  # below REQUESTS: requests queue and join as others finish
+SAMPLE_WORDS = 8
+OTHER_RUNTIMES = {"camb": ("torch_mlu", "Cambricon"), "maca": ("MACA torch", "MetaX")}  # vendor -> (runtime, maker)
 
 
-DEMO_BACKENDS = ("sim", "cuda")  # where the demo's graphs run: the CPU simulator, or an NVIDIA GPU
+DEMO_BACKENDS = ("sim", "cuda")  # where the tiny decoder's graphs run: the CPU simulator, or an NVIDIA GPU
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+NO_DLINFER = ("the engine demo runs lmdeploy's Ascend backend over the real dlinfer, and there is none here: set "
+              "VENDOR_GRAPH_DLINFER_SRC to a dlinfer source checkout (the folder holding dlinfer/__init__.py; "
+              "scripts/demo.sh uses the snapshot beside the clone) or install dlinfer; "
+              "vendor-graph demo --model tiny runs without it")
 
 
 def demo_needs_child(environ=None) -> bool:
@@ -71,20 +100,51 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
         raise UsageError(f"cannot write --json {path}: {exc.strerror or exc}; give a writable path") from None
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """The tiny decoder on the CPU graph simulator, eager and graph side by side."""
-    import time
+def _model(args: argparse.Namespace) -> str:
+    """The model to run: ``--model``, else lmdeploy's engine on Ascend and the tiny decoder on Camb and MACA;
+    refuses the options of the one the command line does not run."""
+    model = args.model or (ENGINE_MODEL if args.vendor == ENGINE_VENDOR else DEMO_MODEL)
+    if model == DEMO_MODEL:
+        if args.requests is not None:
+            raise UsageError("--requests sets the engine demo's workload; the tiny decoder's demo (--model tiny) "
+                             "takes --steps and --seqs")
+        for name, default in TINY_OPTIONS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        return model
+    given = [f"--{name}" for name in TINY_OPTIONS if getattr(args, name) is not None]
+    if given:
+        flags = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        raise UsageError(f"{flags} {'is an option' if len(given) == 1 else 'are options'} of the tiny decoder's demo: "
+                         f"add --model tiny (the engine demo, --model {model}, serves requests through lmdeploy's "
+                         f"pipeline; --requests sets how many)")
+    if args.vendor != ENGINE_VENDOR:
+        raise UsageError(f"--model {model} runs lmdeploy's engine on the simulated Ascend NPU; the simulator has no "
+                         f"{args.vendor} device for it: use --vendor ascend, or --model tiny for {args.vendor}")
+    args.requests = REQUESTS if args.requests is None else args.requests
+    return model
 
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    model = _model(args)
+    if model != DEMO_MODEL:
+        return _engine_demo(args, model)
     if args.backend == "sim" and demo_needs_child():
         print(f"a real torch_npu is installed: running the simulator in a child process with {AUTOLOAD_ENV}=0",
               flush=True)
         env = dict(os.environ, **{AUTOLOAD_ENV: "0"})
         argv = [sys.executable, "-m", "vendor_graph", *(args.argv or [])]
         return subprocess.call(argv, env=env)
+    if args.model is None:
+        runtime, maker = OTHER_RUNTIMES[args.vendor]
+        print(f"vendor {args.vendor}: the simulator has no {maker} device for lmdeploy's engine (no simulated "
+              f"{runtime}; dlinfer's {args.vendor} code needs {maker}'s runtime): the tiny decoder's demo "
+              f"(--model tiny) runs instead", flush=True)
+    return _tiny_demo(args)
 
-    if args.model != DEMO_MODEL:
-        return _real_stack_demo(args)
 
+def _tiny_demo(args: argparse.Namespace) -> int:
+    """The tiny decoder on the CPU graph simulator, eager and graph side by side."""
     from vendor_graph import compat
 
     from . import device as sim
@@ -98,11 +158,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     version = compat.installed_lmdeploy_version()
     vendor = args.vendor
-    if compat.series(version) not in compat.SUPPORTED_SERIES[vendor]:
-        supporting = compat.vendors_supporting(version)
-        raise UsageError(f"vendor_graph.{vendor} does not support lmdeploy {version}; "
-                         + (f"try --vendor {' or '.join(supporting)}" if supporting else
-                            "install a supported lmdeploy (vendor-graph doctor lists them)"))
+    _check_lmdeploy(vendor, version)
     real = args.backend != "sim"
     generation = torch_npu = None
     if real:
@@ -159,76 +215,334 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "vendor": vendor, "backend": args.backend, "lmdeploy": str(version), "generation": generation,
             "torch_npu": torch_npu, "seqlen_path": seqlen_path, "model": DEMO_MODEL,
             "dlinfer": _dlinfer_in_use(), "seqs": args.seqs, "seed": args.seed,
-            "vendor_graph": __version__,
+            "vendor_graph": __version__, "engine": False,
         })
     return 0 if not pair.mismatches else 1
 
 
-def _real_stack_demo(args: argparse.Namespace) -> int:
-    """lmdeploy's own model and Ascend backend over the real dlinfer, eager and graph side by side."""
-    import time
+def _check_lmdeploy(vendor: str, version: Any) -> None:
+    from vendor_graph import compat
 
-    from vendor_graph import compat, settings
+    if compat.series(version) not in compat.SUPPORTED_SERIES[vendor]:
+        supporting = compat.vendors_supporting(version)
+        raise UsageError(f"vendor_graph.{vendor} does not support lmdeploy {version}; "
+                         + (f"try --vendor {' or '.join(supporting)}" if supporting else
+                            "install a supported lmdeploy (vendor-graph doctor lists them)"))
 
-    from . import realstack
 
-    if args.vendor != "ascend" or args.backend != "sim":
-        raise UsageError(f"--model {args.model} runs lmdeploy's Ascend backend on the simulated NPU: use "
-                         f"--vendor ascend --backend sim (or leave both out)")
+# -- lmdeploy's engine on the simulated NPU ---------------------------------------------------------------------
+
+
+def _simulated_torch_npu(spec: str) -> tuple[str, str]:
+    """(release, generation) the simulated torch_npu runs as for ``--generation spec``; a generation without the
+    graph API, or without a release dlinfer admits, is refused naming what runs."""
+    from vendor_graph.vendors.ascend.releases import GENERATION_FACTS, release_of
+
+    from . import boot
+
     try:
-        realstack.dlinfer_origin()
-    except realstack.DlinferUnavailable as exc:
+        release = boot.pinned_release(spec)
+    except boot.SimSwitchError as exc:
         raise UsageError(str(exc)) from None
-    except settings.SettingsError as exc:
+    generation = release_of(release).generation
+    if not GENERATION_FACTS[generation]["graph_api"]:
+        raise UsageError(f"torch_npu {release} ({generation}) has no NPUGraph API, and dlinfer's Ascend graph module "
+                         f"does not import without it, so lmdeploy's Ascend backend cannot start: give --generation "
+                         f"G1 or later (--model tiny runs {generation})")
+    return release, generation
+
+
+def _switch_on(release: str) -> None:
+    """The simulator switch on in this process for ``release``; already on (``VENDOR_GRAPH_SIM`` at start), it must
+    name the same torch_npu."""
+    from . import boot
+
+    finder = boot.active()
+    if finder is None or finder.spec is None:
+        engine.switch_on(release)
+        return
+    try:
+        same = boot.pinned_release(finder.spec) == release
+    except boot.SimSwitchError as exc:
         raise UsageError(str(exc)) from None
-    from . import device as sim
+    if not same:
+        raise UsageError(f"{boot.ENV}={finder.spec} already chose this process's simulated torch_npu, not {release}: "
+                         f"give --generation {finder.spec}, or unset {boot.ENV}")
+
+
+def _dlinfer_source() -> str:
+    """Where the engine's dlinfer comes from: ``VENDOR_GRAPH_DLINFER_SRC`` or an installed dlinfer (never the
+    test stand-in); :class:`UsageError` naming how to provide one when there is none."""
+    from vendor_graph import settings
+
+    from . import standins
+
+    root = settings.load().dlinfer_src
+    if root is not None:
+        return f"source checkout {root}"
+    spec = importlib.util.find_spec("dlinfer")
+    if spec is None or spec.origin is None or standins.is_standin(spec.origin):
+        raise UsageError(NO_DLINFER)
+    return f"installed {_dlinfer_in_use()} ({Path(spec.origin).parent})"
+
+
+class _WithoutProgressBars:
+    """A text stream that passes everything on to ``stream`` except tqdm's progress bars, which lmdeploy draws
+    while it loads the weights and warms up: each drawing is ``\\r<description>: NN%|...| n/total [...]``, and
+    a bar ends with a newline."""
+
+    BAR = re.compile(r"\r[^\r\n]*\d+%\|[^\r\n]*\| *\d+/\d+ \[[^\r\n]*")
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._in_bar = False
+
+    def write(self, text: str) -> int:
+        if self.BAR.fullmatch(text) or (self._in_bar and text == ""):
+            self._in_bar = True
+            return len(text)
+        if self._in_bar and text == "\n":
+            self._in_bar = False
+            return len(text)
+        self._in_bar = False
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _DisplacedReported(logging.Filter):
+    """vendor_graph's warnings that another package replaced its methods and that it put them back: the demo
+    reports them in one line (from ``patching.active().displaced``) instead of one warning each."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING and str(record.msg).endswith("vendor_graph's is back in force"))
+
+
+@contextlib.contextmanager
+def _quiet(log_level: str) -> Iterator[None]:
+    """lmdeploy's INFO log and progress bars off (its errors stay on), vendor_graph's displacement warnings
+    summarised; ``--log-level DEBUG`` or ``INFO`` keeps lmdeploy's log at that level."""
+    from lmdeploy.utils import get_logger
+
+    get_logger("lmdeploy").setLevel(log_level if log_level in ("DEBUG", "INFO") else logging.ERROR)
+    quiet = _DisplacedReported()
+    vendor_graph_log = logging.getLogger("vendor_graph")
+    vendor_graph_log.addFilter(quiet)
+    try:
+        with contextlib.redirect_stderr(_WithoutProgressBars(sys.stderr)):
+            yield
+    finally:
+        vendor_graph_log.removeFilter(quiet)
+
+
+def _requests(responses: list[Any]) -> str:
+    return "1 request" if len(responses) == 1 else f"{len(responses)} requests"
+
+
+def _workload(load: list[engine.Request]) -> str:
+    lengths = sorted(r.max_new_tokens for r in load)
+    if len(load) == 1:
+        return f"1 request, max_batch_size {MAX_BATCH_SIZE}: it stops after {lengths[0]} new tokens"
+    how = "requests queue, join as others finish and" if len(load) > MAX_BATCH_SIZE else "requests"
+    return (f"{len(load)} requests, max_batch_size {MAX_BATCH_SIZE}: {how} stop after {lengths[0]} to {lengths[-1]} "
+            f"new tokens")
+
+
+def _words(text: str, limit: int = SAMPLE_WORDS) -> str:
+    words = text.split()
+    return " ".join(words) if len(words) <= limit else f"{' '.join(words[:limit])} ... ({len(words)} words)"
+
+
+def _seqlen_updates(before: dict[str, int], after: dict[str, int]) -> tuple[str | None, str]:
+    """The seq-len update path the simulator saw the graph run take, and what it issued: ``NPUGraph.update``
+    calls (graph-update; each re-issues the captured attention tasks), else captured-task updates of their own
+    (task-update)."""
+    calls, tasks = (after.get(op, 0) - before.get(op, 0) for op in ("NPUGraph.update", "graph.task_update"))
+    if calls:
+        return "graph-update", f"{calls} NPUGraph.update calls, re-issuing {tasks} captured attention tasks"
+    if tasks:
+        return "task-update", f"{tasks} captured-task updates (graph_task_update_begin/end)"
+    return None, "no update issued"
+
+
+@dataclasses.dataclass
+class _Served:
+    """The workload served in graph mode and eagerly, and what the graph-mode run's runner recorded."""
+
+    graph: engine.EngineRun
+    eager: engine.EngineRun
+    summary: str | None  # the runner's stats table (vendor_graph.stats), None without a vendor_graph runner
+    sizes: list[int]  # its capture sizes
+    seqlen_path: str | None
+    updates: str  # what the simulator counted of the seq-len updates
+
+    @property
+    def comparison(self) -> engine.Comparison:
+        return engine.Comparison(self.eager, self.graph)
+
+    @property
+    def problems(self) -> list[str]:
+        ours = self.graph.runner.startswith("vendor_graph.")
+        return [text for failed, text in (
+            (not self.comparison.tokens_equal, "graph mode's tokens are not eager's"),
+            (not ours, "lmdeploy did not build vendor_graph's runner"),
+            (ours and not self.graph.replays, "vendor_graph's runner replayed no graph"),
+        ) if failed]
+
+
+def _engine_demo(args: argparse.Namespace, model: str) -> int:
+    """lmdeploy's pipeline on the simulated Ascend NPU, graph mode (vendor_graph.ascend) against eager_mode=True."""
+    start = time.perf_counter()
+    real = importlib.machinery.PathFinder.find_spec("torch_npu")
+    if real is not None:
+        raise UsageError(f"a real torch_npu is installed ({real.origin}): the engine demo serves lmdeploy on the "
+                         f"simulated torch_npu, which never runs beside a real one; on this machine run lmdeploy "
+                         f"itself after import vendor_graph.ascend, or vendor-graph demo --model tiny")
+    release, generation = _simulated_torch_npu(args.generation)
+    source = _dlinfer_source()
+    from vendor_graph import compat
 
     version = compat.installed_lmdeploy_version()
-    torch_npu, generation = sim.resolve(realstack.pinned_release(args.generation))
-    print(f"vendor_graph {__version__} demo: {args.model} built by lmdeploy {version} (AscendOpsBackend, real "
-          f"dlinfer) on the CPU graph simulator, simulated torch_npu {torch_npu} ({generation}); "
-          f"{args.steps} decode steps, up to {min(args.seqs, realstack.MAX_SEQS)} sequences joining and finishing")
-    start = time.perf_counter()
-    record = realstack.run(args.model, torch_npu, steps=args.steps, max_seqs=min(args.seqs, realstack.MAX_SEQS),
-                           seed=args.seed)
-    dlinfer = realstack.dlinfer_description()
-    print(f"\nParity with lmdeploy eager_mode=True over {record.steps} decode steps (greedy tokens, hidden states "
-          f"bitwise, every KV byte outside the live tokens): {'PASS' if record.parity else 'FAIL'}")
-    for line in record.mismatches[:5]:
-        print(f"  {line}")
-    print(f"graph replays {record.graph_replays}, captures {record.captures}, eager steps {record.eager_steps}"
-          + "".join(f"\n  eager: {n} x {reason}" for reason, n in record.eager_reasons.items()))
-    print(f"seq-len update path: {', '.join(record.seqlen_paths) or '-'}; prefill: {record.prefill}")
-    print(f"{dlinfer}; {time.perf_counter() - start:.1f} s on the simulator: CPU emulation, not a device speed")
+    _check_lmdeploy(ENGINE_VENDOR, version)
+    _switch_on(release)
+    importlib.import_module(f"vendor_graph.{ENGINE_VENDOR}")  # what a user writes before lmdeploy starts
+
+    print(f"vendor_graph {__version__} demo: lmdeploy {version}'s pipeline() on the simulated Ascend NPU, torch_npu "
+          f"{release} ({generation}), dlinfer {source}", flush=True)
+    load = engine.workload(args.seed, requests=args.requests)
+    print(f"{model} (random weights, word-level tokenizer), {_workload(load)} (greedy)\n", flush=True)
+    served = _serve(model, load, args)
+    dlinfer = f"dlinfer {getattr(sys.modules.get('dlinfer'), '__version__', '?')}"
+    _report(served, load, dlinfer)
+    seconds = time.perf_counter() - start
+    print(f"\n{seconds:.1f} s in all (two engines built, warmed up and served): the simulator is CPU emulation, "
+          f"not a device speed")
     if args.json is not None:
+        from vendor_graph import bridges
+
+        graph, comparison = served.graph, served.comparison
         write_json(args.json, {
-            "parity": record.parity, "steps": record.steps, "graph_replays": record.graph_replays,
-            "eager_steps": record.eager_steps, "eager_reasons": record.eager_reasons, "captures": record.captures,
-            "seqlen_path": ", ".join(record.seqlen_paths) or None, "vendor": "ascend", "backend": "sim",
-            "generation": generation, "torch_npu": torch_npu, "model": args.model, "dlinfer": dlinfer,
-            "lmdeploy": str(version), "prefill": record.prefill, "mismatches": record.mismatches[:20],
-            "seed": args.seed, "vendor_graph": __version__,
+            "parity": comparison.tokens_equal, "steps": sum(graph.histogram.values()),
+            "graph_replays": graph.replays, "eager_steps": sum(graph.eager_reasons.values()),
+            "eager_reasons": graph.eager_reasons, "captures": graph.captures, "vendor": ENGINE_VENDOR,
+            "backend": "sim", "lmdeploy": str(version), "generation": generation, "torch_npu": release,
+            "seqlen_path": served.seqlen_path, "model": model, "dlinfer": f"{dlinfer} ({source})", "seqs": len(load),
+            "seed": args.seed, "vendor_graph": __version__, "engine": True, "executor": graph.executor,
+            "requests": len(load), "max_batch_size": MAX_BATCH_SIZE, "tokens_equal": comparison.tokens_equal,
+            "first_difference": comparison.first_difference(), "tokens": graph.token_count, "runner": graph.runner,
+            "batch_histogram": graph.histogram, "capture_sizes": served.sizes,
+            "bridges": sorted({b.name for b in bridges.applied()}), "seconds": round(seconds, 1),
         })
-    return 0 if record.parity else 1
+    return 1 if served.problems else 0
+
+
+def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> _Served:
+    """``load`` through lmdeploy's pipeline in graph mode, then with ``eager_mode=True``, on one checkpoint."""
+    from vendor_graph import stats
+
+    from . import device as sim
+
+    with _quiet(args.log_level), tempfile.TemporaryDirectory(prefix="vendor-graph-demo-") as tmp:
+        checkpoint = engine.write_model(model, Path(tmp) / model, args.seed)
+        kwargs = dict(model=model, requests=load, max_batch_size=MAX_BATCH_SIZE)
+        by_op = dict(sim.counters.by_op)
+        graph = engine.run(checkpoint, graph=True, **kwargs)
+        seqlen_path, updates = _seqlen_updates(by_op, dict(sim.counters.by_op))
+        # The only runner so far: the eager run's, built next with the same capture plan, would merge into it.
+        record = max(stats.runs(), key=lambda r: r.stats.decode_steps, default=None)
+        print(f"graph mode (vendor_graph.ascend): {_requests(graph.tokens)}, {graph.token_count} tokens in "
+              f"{graph.seconds:.1f} s", flush=True)
+        eager = engine.run(checkpoint, graph=False, **kwargs)
+        print(f"eager mode (eager_mode=True): {_requests(eager.tokens)}, {eager.token_count} tokens in "
+              f"{eager.seconds:.1f} s", flush=True)
+    return _Served(graph, eager, record.stats.summary() if record is not None else None,
+                   record.capture_sizes() if record is not None else [], seqlen_path, updates)
+
+
+def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
+    """The verdict, the runner and its stats, what vendor_graph changed in the stack, one request's text."""
+    from vendor_graph import bridges, patching
+
+    from .boot import STANDIN_LABEL
+
+    graph, eager, comparison = served.graph, served.eager, served.comparison
+    print(f"\nGreedy tokens of every request equal, graph mode vs eager: "
+          f"{'yes' if comparison.tokens_equal else 'NO'} ({_requests(eager.tokens)}, {eager.token_count} tokens "
+          f"eager, {graph.token_count} graph)")
+    difference = comparison.first_difference()
+    if difference:
+        print(f"  first difference: {difference}")
+    ours = graph.runner.startswith("vendor_graph.")
+    print(f"Runner lmdeploy built: {graph.runner or '-'} ({'vendor_graph' if ours else 'NOT vendor_graph'}'s), "
+          f"over {dlinfer}")
+    if served.problems:
+        print(f"FAIL: {'; '.join(served.problems)}")
+
+    print(f"\nGraph stats of the graph-mode run (vendor_graph.stats): {graph.captures} captures, {graph.replays} "
+          f"replays")
+    print(served.summary or "(no vendor_graph runner ran)")
+    batches = sorted((int(b), n) for b, n in graph.histogram.items())
+    padded = [f"batch {b} pads to {min(s for s in served.sizes if s >= b)}" for b, _ in batches
+              if b not in served.sizes and any(s >= b for s in served.sizes)]
+    print(f"decode steps per batch size: {', '.join(f'{b}: {n}' for b, n in batches) or '-'} (graphs of "
+          f"{', '.join(map(str, served.sizes)) or '-'}{''.join('; ' + p for p in padded)})")
+    print(f"seq-len update path: {served.seqlen_path or '-'}: {served.updates}, as the simulator counted them")
+
+    applied = {b.name: b for b in bridges.applied()}
+    print(f"\nBridges applied (vendor_graph.bridges): {len(applied) or 'none'}")
+    for bridge in applied.values():
+        print(f"  {bridge.name}: {bridge.description}")
+    activation = patching.active()
+    displaced = sorted({(target.rsplit(".", 1)[-1], who.rsplit(".", 1)[0])
+                        for target, who in (activation.displaced if activation is not None else [])})
+    if displaced:
+        print(f"{', '.join(sorted({who for _, who in displaced}))} replaced {len(displaced)} of vendor_graph's "
+              f"CudaGraphMixin methods when lmdeploy imported it; vendor_graph put its own back")
+    standins = sorted(name for name, module in list(sys.modules.items())
+                      if STANDIN_LABEL in getattr(module, "__dict__", {}))
+    if standins:
+        print(f"labelled stand-ins for what no CPU build provides: {', '.join(standins)}")
+
+    if load and graph.texts:
+        print(f"\nRequest 0: {_words(load[0].prompt)}\n  -> {_words(graph.texts[0])}")
+
+
+def _requests_bound() -> str:
+    lengths = [r.max_new_tokens for r in engine.workload(0, requests=MAX_REQUESTS)]
+    return (f"the requests decode {', '.join(map(str, lengths[:3]))} ... new tokens, so {MAX_REQUESTS} requests "
+            f"already decode {sum(lengths)} tokens on the CPU emulation")
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     """The ``vendor_graph.commands`` entry point: adds ``demo`` to ``vendor-graph``."""
-    demo = sub.add_parser("demo", help="the tiny decoder on the CPU graph simulator, eager and graph side by side")
-    demo.add_argument("--vendor", choices=VENDORS, default="ascend")
-    demo.add_argument("--model", choices=(DEMO_MODEL, *REAL_STACK_MODELS), default=DEMO_MODEL,
-                      help="tiny: the simulator's own decoder; lmdeploy-llama / lmdeploy-mla: lmdeploy's model "
-                           "classes and Ascend backend over the real dlinfer (VENDOR_GRAPH_DLINFER_SRC or installed)")
+    demo = sub.add_parser("demo", help="lmdeploy's pipeline on the simulated Ascend NPU, eager and graph mode side "
+                                       "by side (--model tiny: the simulator's tiny decoder)")
+    demo.add_argument("--vendor", choices=VENDORS, default="ascend",
+                      help="ascend: lmdeploy's engine; camb and maca: the tiny decoder (no simulated device of "
+                           "theirs runs lmdeploy's engine)")
+    demo.add_argument("--model", choices=(*ENGINE_MODELS, DEMO_MODEL), default=None,
+                      help="lmdeploy-llama (default on Ascend) / lmdeploy-mla: served by lmdeploy's pipeline over "
+                           "the real dlinfer (VENDOR_GRAPH_DLINFER_SRC or installed); tiny: the simulator's own "
+                           "decoder, step by step (default on Camb and MACA)")
     demo.add_argument("--generation", default="G5", type=generation_type,
                       help="simulated torch_npu (Ascend): a generation G0 ... G5 or a torch_npu release")
-    demo.add_argument("--steps", default=64, type=count_type(
-        "--steps", "a PASS over no decode step would prove nothing", 64))
-    demo.add_argument("--seqs", default=20, type=count_type(
+    demo.add_argument("--requests", default=None, type=count_type(
+        "--requests", "the engine demo serves at least 1 request", REQUESTS, high=MAX_REQUESTS,
+        why_high=_requests_bound()),
+        help=f"engine: requests served, max_batch_size {MAX_BATCH_SIZE} (default {REQUESTS})")
+    demo.add_argument("--steps", default=None, type=count_type(
+        "--steps", "a PASS over no decode step would prove nothing", 64), help="tiny: decode steps (default 64)")
+    demo.add_argument("--seqs", default=None, type=count_type(
         "--seqs", "the demo decodes at least 1 sequence", 20, high=MAX_BATCHES_LIMIT,
-        why_high=f"the demo's max_batch_size is --seqs, and {MAX_BATCHES_WHY}"))
+        why_high=f"the demo's max_batch_size is --seqs, and {MAX_BATCHES_WHY}"),
+        help="tiny: sequences, its max_batch_size (default 20)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--backend", choices=DEMO_BACKENDS, default="sim",
-                      help="where graphs are captured and replayed (sim: the CPU graph simulator)")
+    demo.add_argument("--backend", choices=DEMO_BACKENDS, default=None,
+                      help="tiny: where graphs are captured and replayed (sim: the CPU graph simulator, default)")
     demo.add_argument("--json", type=json_path_type, default=None, metavar="PATH",
                       help="also write the verdict and counts there as JSON")
     demo.set_defaults(handler=cmd_demo)

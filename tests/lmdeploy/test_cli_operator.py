@@ -93,14 +93,14 @@ def test_console_script_is_the_module():
 
 
 def test_demo_runs_the_simulator_in_a_child_when_a_real_torch_npu_is_installed(tmp_path):
-    """A torch_npu that torch would autoload takes PrivateUse1; the demo re-runs itself with
+    """A torch_npu that torch would autoload takes PrivateUse1; the tiny decoder's demo re-runs itself with
     TORCH_DEVICE_BACKEND_AUTOLOAD=0. The stand-in torch_npu here fails if anything imports it."""
     fake = tmp_path / "torch_npu"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('the real torch_npu was imported')\n")
     env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    proc = _cli("demo", "--vendor", SUPPORTED[0], "--steps", "4", "--seqs", "3", env=env)
+    proc = _cli("demo", "--model", "tiny", "--vendor", SUPPORTED[0], "--steps", "4", "--seqs", "3", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("a real torch_npu is installed: running the simulator in a child process with "
                                   "TORCH_DEVICE_BACKEND_AUTOLOAD=0")

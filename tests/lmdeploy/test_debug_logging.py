@@ -32,7 +32,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 @ON_NEWEST
 def test_debug_prints_each_decode_step_of_the_demo_once():
-    run = subprocess.run([sys.executable, "-m", "vendor_graph", "demo", "--steps", "4", "--seqs", "3"],
+    run = subprocess.run([sys.executable, "-m", "vendor_graph", "demo", "--model", "tiny", "--steps", "4", "--seqs",
+                          "3"],
                          capture_output=True, text=True, timeout=300, env=_env(VENDOR_GRAPH_DEBUG="1"))
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stderr.splitlines()

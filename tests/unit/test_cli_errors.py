@@ -27,6 +27,23 @@ CASES = [
     (["demo", "--seqs", "0"], ["argument --seqs: 0: the demo decodes at least 1 sequence", "give --seqs from 1 to"]),
     (["demo", "--seqs", "100000"], ["argument --seqs: 100000 is too large", "give --seqs from 1 to 65536"]),
     (["demo", "--json", "/no/such/dir/demo.json"], ["argument --json", "directory /no/such/dir does not exist"]),
+    (["demo", "--requests", "0"], ["argument --requests: 0: the engine demo serves at least 1 request",
+                                   "give --requests from 1 to 32 (default 8)"]),
+    (["demo", "--requests", "33"], ["argument --requests: 33 is too large: the requests decode 8, 11, 14 ... new "
+                                    "tokens, so 32 requests already decode 1744 tokens",
+                                    "give --requests from 1 to 32"]),
+    (["demo", "--steps", "4"], ["vendor-graph demo: error: --steps is an option of the tiny decoder's demo: add "
+                                "--model tiny (the engine demo, --model lmdeploy-llama, serves requests"]),
+    (["demo", "--model", "lmdeploy-mla", "--seqs", "3", "--backend", "sim"], [
+        "--seqs and --backend are options of the tiny decoder's demo: add --model tiny (the engine demo, --model "
+        "lmdeploy-mla,"]),
+    (["demo", "--model", "tiny", "--requests", "3"], ["--requests sets the engine demo's workload; the tiny "
+                                                      "decoder's demo (--model tiny) takes --steps and --seqs"]),
+    (["demo", "--vendor", "maca", "--model", "lmdeploy-llama"], [
+        "--model lmdeploy-llama runs lmdeploy's engine on the simulated Ascend NPU; the simulator has no maca device "
+        "for it: use --vendor ascend, or --model tiny for maca"]),
+    (["demo", "--generation", "G0"], ["torch_npu 2.4.0.post2 (G0) has no NPUGraph API", "give --generation G1 or "
+                                      "later (--model tiny runs G0)"]),
     (["plan", "--max-batches", "0"], ["vendor-graph plan: error: argument --max-batches: 0: lmdeploy's "
                                       "max_batch_size is at least 1", "give --max-batches from 1 to 65536"]),
     (["plan", "--max-batches", "100000000"], ["argument --max-batches: 100000000 is too large",
