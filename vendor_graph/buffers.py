@@ -238,6 +238,16 @@ class _FieldState:
         """The whole buffer as padding: what every element past the live extent holds."""
         return self.pad_full if self.pad_full is not None else torch.full_like(self.tensor, self.pad)
 
+    @functools.cached_property
+    def no_rows(self) -> torch.Tensor:
+        """A source with no live rows (an absent field that is all padding), made once."""
+        return self.tensor.new_empty([0] * self.tensor.dim())
+
+    def plain(self, src: Any) -> bool:
+        """Whether ``src`` is a tensor of exactly the buffer's own type: what a fresh tensor on its device is (a
+        subclass, such as a Parameter, may not behave as one), so the cached plans and the fast fill may take it."""
+        return type(src) is type(self.tensor)
+
 
 _MAX_PLANS = 256  # per field; a schedule touches a handful of extents per graph
 logger = logging.getLogger("vendor_graph")
@@ -440,8 +450,7 @@ def _compile_sources(vendor: str, present: list[BufferField], absent: list[Buffe
     for i, f in enumerate(present):
         lines.append(f"    w{i} = {read(f, f'w{i}')}")
         if f.absent_is_padding:
-            tensor = fields[f.name].tensor
-            namespace[f"E_w{i}"] = tensor.new_empty([0] * tensor.dim())
+            namespace[f"E_w{i}"] = fields[f.name].no_rows
             lines.append(f"    if w{i} is None:")
             lines.append(f"        w{i} = E_w{i}")
     items = [f"w{i}" for i in range(len(present))]
@@ -557,7 +566,7 @@ class _FastFill:
             if write is None:
                 return
             _st, src, extent, (live, boxes) = write
-            if type(src) is not torch.Tensor or src.shape != extent or \
+            if not st.plain(src) or src.shape != extent or \
                     src.device.type != ("cpu" if st.on_host else st.device):
                 return  # a converted, staged or cross-device source: always checked
             if st.on_host:
@@ -827,7 +836,7 @@ class BufferSpec:
     def _planned_write(self, f: BufferField, state: GraphBuffers, st: _FieldState | None, src: Any):
         """This step's write for one field: the cached plan when the buffer has seen this extent after the
         same previous one (the steady state), else the checked source; None: nothing to write."""
-        if st is not None and type(src) is torch.Tensor:
+        if st is not None and st.plain(src):
             plan = st.plans.get((src.shape, st.high_water))
             if plan is not None:
                 return st, src, src.shape, plan
@@ -898,7 +907,7 @@ class BufferSpec:
         if f.static is not None:
             return None
         if src is None and f.absent_is_padding:
-            src = st.tensor.new_empty([0] * st.tensor.dim())  # no live rows: every written row is reset
+            src = st.no_rows  # every written row is reset
         if src is None:
             raise GraphInputsChanged(
                 f"{self.vendor} graph for batch {state.dims.batch} was captured with {f.source}, "

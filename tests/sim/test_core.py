@@ -184,6 +184,20 @@ def test_factories_inside_capture_rerun_at_replay_and_empty_is_poisoned():
     assert scratch._inner.isnan().all()
 
 
+def test_a_tensor_made_like_another_is_an_allocation_as_empty_is():
+    """``new_empty`` / ``new_empty_strided`` / ``empty_like`` allocate (poisoned; from the pool inside a capture)
+    and issue nothing, like the ``empty`` factories: a device counts no kernel for them either."""
+    x = dev(1.0, 2.0)
+    with sim.count_ops() as c:
+        made = [x.new_empty([3]), x.new_empty_strided((2,), (1,)), torch.empty_like(x), x.new_empty([0])]
+    assert c.device_ops == 0 and not c.by_op
+    assert all(sim.is_device_tensor(t) for t in made) and made[0]._inner.isnan().all()
+    g, (scratch, out) = capture(lambda: (x.new_empty([2]), x * 2))
+    assert scratch._alloc is not None and scratch._alloc.pool is sim.pool_of(g.pool())
+    g.replay()
+    assert out.tolist() == [2.0, 4.0]
+
+
 def test_views_made_before_and_during_capture_alias_at_replay():
     base = torch.zeros(8, device="npu")
     head = base[:4]

@@ -601,7 +601,17 @@ _HOST_OK = frozenset({
     aten.copy_.default, aten._to_copy.default, aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
     aten._index_put_impl_.default, aten._copy_from.default,
 })
+def _h_allocation(func: Any, info: OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    """An uninitialised tensor like another (``new_empty``, ``empty_like``): an allocation, as the factories'
+    ``empty`` is (:func:`adopt_factory`), never a device operation."""
+    out = func(*unwrap_args(args, info.strict, info.name), **unwrap_kwargs(kwargs, info.strict, info.name))
+    return adopt_factory(out, True, info.name)
+
+
 _SPECIAL: dict[Any, Any] = {
+    aten.new_empty.default: _h_allocation,
+    aten.new_empty_strided.default: _h_allocation,
+    aten.empty_like.default: _h_allocation,
     aten.copy_.default: _h_copy,
     aten._foreach_copy_.default: _h_foreach_copy,
     aten._to_copy.default: _h_to_copy,
