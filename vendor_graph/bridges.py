@@ -94,9 +94,10 @@ class Applied:
 _records: list[tuple[patching.Patch, Applied]] = []
 
 
-def applied() -> tuple[Applied, ...]:
-    """The bridges installed in this process (one entry per patched target), for ``doctor`` and the demo."""
-    activation = patching.active()
+def applied(activation: patching.Activation | None = None) -> tuple[Applied, ...]:
+    """The bridges installed in this process (one entry per patched target), for ``doctor`` and the demo: those of
+    ``activation`` (default: the active vendor's)."""
+    activation = activation or patching.active()
     if activation is None:
         return ()
     live = {id(p) for p in activation.patches}

@@ -309,8 +309,7 @@ def install_bridges_alone() -> Any:
     bridges.install(alone)
 
     def names() -> list[str]:
-        ours = {id(p) for p in alone.patches}
-        return sorted({record.name for patch, record in bridges._records if id(patch) in ours})
+        return sorted({record.name for record in bridges.applied(alone)})
 
     return names
 
