@@ -107,7 +107,7 @@ def test_lmdeploy_engine_serves_the_same_tokens_in_graph_mode_as_eager(tmp_path,
 
 
 @pytest.mark.skipif(FULL not in GENERATIONS, reason=f"runs in the part of this leg that runs {FULL}")
-def test_doctor_shows_the_bridges_this_stack_needs_as_installed(tmp_path, dlinfer_available):
+def test_engine_doctor_shows_the_bridges_this_stack_needs_as_installed(tmp_path, dlinfer_available):
     env = {k: v for k, v in os.environ.items() if k not in ("VENDOR_GRAPH_VENDOR", "PYTHONPATH")}
     env.update(VENDOR_GRAPH_SIM=FULL, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "vendor_graph", "doctor", "--vendor", "ascend"], capture_output=True,
@@ -121,7 +121,7 @@ def test_doctor_shows_the_bridges_this_stack_needs_as_installed(tmp_path, dlinfe
 
 
 @pytest.mark.skipif(FULL not in GENERATIONS, reason=f"runs in the part of this leg that runs {FULL}")
-def test_dlinfers_own_runner_on_the_same_stack(tmp_path, dlinfer_available):
+def test_engine_dlinfers_own_runner_on_the_same_stack(tmp_path, dlinfer_available):
     """vendor_graph not imported, only its bridges installed (without them lmdeploy builds no engine on this
     stack): what dlinfer's own AscendGraphRunner does with the same workload."""
     proc, result = serve(tmp_path, FULL, "--runner", "dlinfer", "--models", "lmdeploy-llama")
