@@ -17,6 +17,23 @@ if importlib.util.find_spec("dlinfer") is None:
 os.environ.pop("VENDOR_GRAPH_VENDOR", None)
 
 
+@pytest.fixture(scope="session")
+def dlinfer_available():
+    """(how dlinfer is provided, its source root or None) for the tests that run the real dlinfer
+    (:func:`vendor_graph_sim.realstack.dlinfer_origin`): an unusable ``VENDOR_GRAPH_DLINFER_SRC`` fails them; no
+    dlinfer at all (the stand-in above runs no kernel and does not count) skips them, saying how to provide one."""
+    from vendor_graph_sim import realstack
+
+    from vendor_graph import settings
+
+    try:
+        return realstack.dlinfer_origin()
+    except settings.SettingsError as exc:
+        pytest.fail(f"the dlinfer setting is unusable: {exc}")
+    except realstack.DlinferUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 def pytest_collection_finish(session):
     """What collection imported (torch, lmdeploy, every test module) is never garbage: kept out of the
     cyclic collector, so each graph capture's ``gc.collect()`` (torch's graph context runs one, and so

@@ -31,7 +31,6 @@ import pytest
 from once_per_run import newest_release_only
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from vendor_graph_sim import realstack
 
 from vendor_graph import settings
 
@@ -221,9 +220,9 @@ def _installed(venv: Venv) -> None:
     assert failed is None, f"`{shlex.join(failed.command)}` exited {failed.returncode}:\n{failed.output[-6000:]}"
 
 
-def test_the_readmes_install_succeeds_in_a_fresh_virtualenv(fresh_venv, record_property):
+def test_the_readmes_install_succeeds_in_a_fresh_virtualenv(fresh_venv):
     for step in fresh_venv.steps:
-        record_property(shlex.join(step.command), step.seconds)
+        print(f"{step.seconds:>7} s  {shlex.join(step.command)}")  # shown with -rP, or when the test fails
     _installed(fresh_venv)
     # lmdeploy and its engine import, vendor_graph and the simulator come from the virtualenv (not the clone),
     # and the command line works (the doctor: no vendor runtime here, nothing wrong)
@@ -255,22 +254,16 @@ def test_the_only_unmet_requirements_are_the_pins_left_out_on_purpose(fresh_venv
 
 
 @pytest.fixture(scope="module")
-def dlinfer_src() -> Path:
-    """dlinfer's source for the fresh virtualenv (as tests/realstack decides it): unusable setting -> fail."""
-    try:
-        origin, root = realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
+def dlinfer_src(dlinfer_available) -> Path:
+    """dlinfer's source for the fresh virtualenv (:func:`dlinfer_available` decides it)."""
+    origin, root = dlinfer_available
     if root is None:
         pytest.skip(f"dlinfer is installed in this environment, not in the fresh virtualenv: set "
                     f"{settings.variable('dlinfer_src')} to a dlinfer checkout")
     return Path(root).resolve()
 
 
-def test_lmdeploys_pipeline_runs_in_graph_mode_on_the_simulated_npu(fresh_venv, dlinfer_src, tmp_path,
-                                                                    record_property):
+def test_lmdeploys_pipeline_runs_in_graph_mode_on_the_simulated_npu(fresh_venv, dlinfer_src, tmp_path):
     _installed(fresh_venv)
     script = tmp_path / "user.py"
     script.write_text(USER_SCRIPT)
@@ -278,7 +271,7 @@ def test_lmdeploys_pipeline_runs_in_graph_mode_on_the_simulated_npu(fresh_venv, 
     start = time.perf_counter()
     proc = subprocess.run([str(fresh_venv.python), str(script), str(tmp_path / "model")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
-    record_property("user script s", round(time.perf_counter() - start, 1))
+    print(f"user script: {time.perf_counter() - start:.1f} s")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-8000:]
     report = json.loads(proc.stdout.splitlines()[-1])
     assert len(report["texts"]) == len(PROMPTS), report

@@ -12,7 +12,6 @@ call ``allocate_caches(state_specs=...)``; 0.18 calls ``prefill_attention(..., a
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import logging
@@ -641,18 +640,7 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def real_dlinfer():
-    from vendor_graph_sim import realstack
-
-    try:
-        origin, _ = realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
-    found = importlib.util.find_spec("dlinfer")
-    if origin == "installed" and STANDINS in Path(found.origin).resolve().parents:
-        pytest.skip(f"no dlinfer but the test stand-in: {realstack.HOW_TO_PROVIDE}")
+def real_dlinfer(dlinfer_available):
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != STANDINS]
     proc = subprocess.run([sys.executable, "-c", PROBE, str(int(PASSES_STATE_SPECS)), str(int(PREFILL_BY_CPU_ENDS))],
                           capture_output=True, text=True, timeout=600,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from vendor_graph_sim import engine, realstack
 
-from vendor_graph import compat, settings
+from vendor_graph import compat
 from vendor_graph.vendors.ascend import releases
 
 GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())
@@ -32,16 +32,6 @@ DLINFERS = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph.AscendGrap
 NEEDED_BRIDGES = {"0.16": ["state-cache"], "0.17": ["state-cache"], "0.18": ["prefill-attention"]}
 # The generation each leg runs its whole set of cases on (the others run the basic case).
 FULL = "G5"
-
-
-@pytest.fixture(scope="module")
-def dlinfer_available():
-    try:
-        realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def serve(tmp_path: Path, generation: str, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:

@@ -15,7 +15,6 @@ skips saying how to provide it (a setting given but unusable fails it).
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,9 +23,6 @@ import lmdeploy
 import pytest
 import torch
 from load_by_path import load_by_path
-from vendor_graph_sim import realstack, standins
-
-from vendor_graph import settings
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_step_cost.py"
 
@@ -94,20 +90,6 @@ def test_a_calls_batch_is_read_from_its_inputs(bench):
                "attn_metadata": SimpleNamespace(is_decoding=False, kv_seqlens=torch.ones(5))}
     assert bench.step_of(decode) == {"decoding": True, "batch": 3, "what": "decode"}
     assert bench.step_of(prefill) == {"decoding": False, "batch": 5, "what": "prefill"}
-
-
-@pytest.fixture(scope="module")
-def dlinfer_available():
-    """As tests/realstack/test_runner_vs_dlinfer.py: skip without a real dlinfer, fail on an unusable setting."""
-    try:
-        origin, _ = realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
-    spec = importlib.util.find_spec("dlinfer")
-    if origin == "installed" and spec is not None and spec.origin and standins.is_standin(spec.origin):
-        pytest.skip(f"only the stand-in dlinfer is importable: {realstack.HOW_TO_PROVIDE}")
 
 
 @pytest.mark.skipif(not lmdeploy.__version__.startswith("0.16."),

@@ -16,22 +16,11 @@ import sys
 import pytest
 from vendor_graph_sim import realstack
 
-from vendor_graph import settings
 from vendor_graph.vendors.ascend import releases
 from vendor_graph.vendors.ascend.seqlen import FIA, PAGED_ATTENTION_MLA, path_for
 
 GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())
 STEPS = 14
-
-
-@pytest.fixture(scope="module")
-def dlinfer_available():
-    try:
-        realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def _run(generation: str, tmp_path, *models: str) -> dict:

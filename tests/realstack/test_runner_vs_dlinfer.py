@@ -14,32 +14,14 @@ tests/conftest.py provides) these tests skip saying how to provide it. A setting
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from load_by_path import load_by_path
-from vendor_graph_sim import realstack, standins
-
-from vendor_graph import settings
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "runner_vs_dlinfer.py"
 STEPS = 4  # batches 1, 3, 8, 5: three captures, then 5 replays the bucket of 8 (prompts prefilled up to 0.17)
 PATHS = {"G1": "task-update", "G5": "graph-update"}
-
-
-@pytest.fixture(scope="module")
-def dlinfer_available():
-    try:
-        origin, _ = realstack.dlinfer_origin()
-    except settings.SettingsError as exc:
-        pytest.fail(f"the dlinfer setting is unusable: {exc}")
-    except realstack.DlinferUnavailable as exc:
-        pytest.skip(str(exc))
-    spec = importlib.util.find_spec("dlinfer")
-    if origin == "installed" and spec is not None and spec.origin and standins.is_standin(spec.origin):
-        # tests/conftest.py puts the stand-in dlinfer on the path when none is installed: it runs no kernel
-        pytest.skip(f"only the stand-in dlinfer is importable: {realstack.HOW_TO_PROVIDE}")
 
 
 @pytest.fixture(scope="module")
