@@ -18,7 +18,6 @@ import dataclasses
 import importlib
 import itertools
 import json
-import logging
 import random
 import tempfile
 import time
@@ -185,17 +184,6 @@ def _counting_prefill_kernels(record: EngineRun) -> Iterator[None]:
         registry.update(saved)
 
 
-@contextlib.contextmanager
-def _quiet_lmdeploy() -> Iterator[None]:
-    logger = logging.getLogger("lmdeploy")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request], max_batch_size: int = 6,
         prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni") -> EngineRun:
     """Serve ``requests`` through ``lmdeploy.pipeline`` (Ascend, greedy, ``ignore_eos``) and close it."""
@@ -221,8 +209,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
            for r in requests]
     replays_before = sim.counters.replays
     start = time.perf_counter()
-    with _quiet_lmdeploy():
-        pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")
+    pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")  # lmdeploy's log: errors only
     try:
         with _counting_prefill_kernels(record):
             outputs = pipe([r.prompt for r in requests], gen_config=gen)
@@ -239,8 +226,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
         else:
             record.replays = sim.counters.replays - replays_before
     finally:
-        with _quiet_lmdeploy():
-            pipe.close()
+        pipe.close()
     record.seconds = round(time.perf_counter() - start, 2)
     torch.npu.synchronize()
     for out in outputs:
