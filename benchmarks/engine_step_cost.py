@@ -408,24 +408,14 @@ def tables(pairs: list[dict[str, Any]]) -> list[str]:
               "and `NPUGraph.update` calls are issued by the graph object and not attributed)", ""]
     for p in pairs:
         for which in RUNNERS:
-            sites: Counter[str] = Counter()
-            steps = 0
-            for row in p["summary"][which]["by_batch"].values():
-                steps += row["steps"]
-                for k, n in row.get("op_sites_per_step", {}).items():
-                    sites[k] += n * row["steps"]
+            steps, sites = _sites(p, which, "op_sites_per_step")
             if steps:
                 lines.append(f"- {p['generation']} {which}: " + "; ".join(
                     f"`{k}` {n / steps:.2f}" for k, n in sorted(sites.items(), key=lambda kv: (-kv[1], kv[0]))))
     lines += ["", "## Host syncs of replayed decode steps, by call site (per step)", ""]
     for p in pairs:
         for which in RUNNERS:
-            sites: Counter[str] = Counter()
-            steps = 0
-            for row in p["summary"][which]["by_batch"].values():
-                steps += row["steps"]
-                for k, n in row.get("sync_sites_per_step", {}).items():
-                    sites[k] += n * row["steps"]
+            steps, sites = _sites(p, which, "sync_sites_per_step")
             body = ", ".join(f"`{k}` {n / steps:.2f}" for k, n in sites.most_common()) if steps and sites else "none"
             lines.append(f"- {p['generation']} {which}: {body}")
     lines += ["", "## The runner's `prepare_inputs_for_generation` (counted apart, per replayed decode step; "
@@ -534,6 +524,17 @@ def parent(args: argparse.Namespace) -> int:
     print("\n".join(table))
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def _sites(pair: dict[str, Any], which: str, field: str) -> tuple[int, Counter[str]]:
+    """One arm's replayed decode steps and, summed over them, the call sites of ``field`` (ops or syncs)."""
+    sites: Counter[str] = Counter()
+    steps = 0
+    for row in pair["summary"][which]["by_batch"].values():
+        steps += row["steps"]
+        for k, n in row.get(field, {}).items():
+            sites[k] += n * row["steps"]
+    return steps, sites
 
 
 def _recorded(pair: dict[str, Any]) -> dict[str, Any]:
