@@ -106,6 +106,19 @@ def decode_step(name: str, batch: int, blocks: int, seed: int) -> tuple[dict, Si
     return inputs, attn, context
 
 
+def dlinfer_problem() -> str | None:
+    """Why the real dlinfer cannot run here (``VENDOR_GRAPH_DLINFER_SRC`` unusable, or no dlinfer at all), or None."""
+    from vendor_graph_sim import realstack
+
+    from vendor_graph import settings
+
+    try:
+        realstack.dlinfer_origin()
+    except (settings.SettingsError, realstack.DlinferUnavailable) as exc:
+        return str(exc)
+    return None
+
+
 def environment() -> dict[str, Any]:
     from importlib import metadata
 

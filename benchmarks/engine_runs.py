@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import write_results  # noqa: E402
+from _common import dlinfer_problem, write_results  # noqa: E402
 
 RELEASES = ("0.16.0", "0.17.0", "0.18.0")
 GENERATIONS = ("G0", "G1", "G2a", "G2b", "G2c", "G3a", "G3b", "G4", "G5")
@@ -102,8 +102,9 @@ def main() -> int:
     parser.add_argument("--generations", nargs="+", default=list(GENERATIONS))
     parser.add_argument("--venvs", type=Path, default=ROOT / ".venvs")
     args = parser.parse_args()
-    if not os.environ.get("VENDOR_GRAPH_DLINFER_SRC"):
-        parser.error("set VENDOR_GRAPH_DLINFER_SRC to a dlinfer source checkout (the engine runs the real dlinfer)")
+    problem = dlinfer_problem()
+    if problem is not None:
+        parser.error(f"{problem} (the engine runs the real dlinfer)")
     records = []
     last = args.releases[-1]
     for release in args.releases:

@@ -490,14 +490,9 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> str | None:
 
 
 def parent(args: argparse.Namespace) -> int:
-    from vendor_graph_sim import realstack
-
-    from vendor_graph import settings
-
-    try:
-        realstack.dlinfer_origin()
-    except (settings.SettingsError, realstack.DlinferUnavailable) as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
+    problem = _common.dlinfer_problem()
+    if problem is not None:
+        print(f"{NAME}: {problem}", file=sys.stderr)
         return 2
     import lmdeploy
 

@@ -502,14 +502,9 @@ def default_lmdeploys() -> list[str]:
 
 
 def parent(args: argparse.Namespace) -> int:
-    from vendor_graph_sim import realstack
-
-    from vendor_graph import settings
-
-    try:
-        realstack.dlinfer_origin()
-    except (settings.SettingsError, realstack.DlinferUnavailable) as exc:
-        print(f"runner_vs_dlinfer: {exc}", file=sys.stderr)
+    problem = _common.dlinfer_problem()
+    if problem is not None:
+        print(f"runner_vs_dlinfer: {problem}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     paths = [None if p == "installed" else str(Path(p).resolve()) for p in args.lmdeploy]

@@ -97,19 +97,16 @@ def count_type(flag: str, what: str, default: int | None = None, *, high: int | 
 
 def generation_type(text: str) -> str:
     """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
-    from .vendors.ascend.releases import GENERATIONS, release_of
+    from .settings import TorchNpuRelease
+    from .vendors.ascend.releases import GENERATIONS
 
-    by_name = {g.lower(): g for g in GENERATIONS}
-    if text.strip().lower() in by_name:
-        return by_name[text.strip().lower()]
     try:
-        release_of(text)
-    except (TypeError, ValueError):
+        return TorchNpuRelease().parse(text.strip())
+    except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither a torch_npu graph-API generation ({', '.join(GENERATIONS)}) nor a torch_npu "
             f"release on PyPI; give one of those names or a release string such as 2.5.1 "
             f"(vendor-graph paths lists every release and its generation)") from None
-    return text
 
 
 def json_path_type(text: str) -> Path:
