@@ -543,5 +543,5 @@ def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
 
 
 __all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Bytes", "Choice", "Flag", "Kind", "Number", "Problem",
-           "Reading", "Selection", "Setting", "Settings", "SettingsError", "SizeList", "Text", "Whole", "clear",
-           "current", "declared", "load", "parse", "readings", "variable"]
+           "Reading", "Selection", "Setting", "Settings", "SettingsError", "SizeList", "Text", "TorchNpuRelease",
+           "Whole", "clear", "current", "declared", "load", "parse", "readings", "variable"]

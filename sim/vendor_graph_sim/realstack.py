@@ -37,7 +37,7 @@ import torch
 from vendor_graph import settings
 
 from . import boot, standins
-from .boot import STANDIN_LABEL, pinned_release  # noqa: F401  (re-exported: the tests and benchmarks name them)
+from .boot import pinned_release  # noqa: F401  (re-exported: the tests, the demo and the benchmarks name it)
 
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
 BLOCK_SIZE = 16
