@@ -293,16 +293,61 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.main(args.vendor)
 
 
+RUN_EXAMPLE = "vendor-graph run --vendor ascend -- lmdeploy serve api_server <model> --backend pytorch --device ascend"
+
+
+def _check_runnable(command: list[str], env: dict[str, str]) -> None:
+    """:class:`UsageError` naming the command and the fix where exec could not start it, found the way
+    ``os.execvpe`` looks (a name with a ``/`` as a path, else each directory of the environment's PATH)."""
+    name = command[0]
+    if not name:
+        raise UsageError(f"the command name is empty (vendor-graph run ... -- ''): give the program to run "
+                         f"after --, e.g. {RUN_EXAMPLE}")
+    for i, arg in enumerate(command):
+        if "\0" in arg:
+            what = "the command name" if i == 0 else f"argument {i} of {name!r}"
+            raise UsageError(f"{what} ({arg!r}) holds a NUL byte, which no program can be given: remove it")
+    if os.sep in name or (os.altsep and os.altsep in name):
+        if not os.path.exists(name):
+            where = "" if os.path.isabs(name) else f" (relative to {os.getcwd()})"
+            raise UsageError(f"{name!r} does not exist: check the path{where}")
+        if os.path.isdir(name):
+            raise UsageError(f"{name!r} is a directory, not a command: give the program inside it to run")
+        if not os.access(name, os.X_OK):
+            raise UsageError(f"{name!r} is not executable: chmod +x {name}, or run it through its interpreter "
+                             f"(vendor-graph run --vendor ... -- python {name} ...)")
+        return
+    unrunnable = None
+    for folder in os.get_exec_path(env):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return
+            unrunnable = unrunnable or path
+    if unrunnable is not None:
+        raise UsageError(f"{name!r} on PATH ({unrunnable}) is not executable: chmod +x {unrunnable}, or run it "
+                         f"through its interpreter (vendor-graph run --vendor ... -- python {unrunnable} ...)")
+    raise UsageError(f"{name!r} not found on PATH: install it in this environment (or activate the one that has "
+                     f"it), or give its path")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """Replace this process with ``args.cmd``, vendor active in it and every process it starts."""
+    """Replace this process with ``args.cmd``, vendor active in it and every process it starts.
+
+    ``os.execvpe`` replaces this process, so the command keeps its pid: SIGINT and SIGTERM sent to
+    ``vendor-graph run`` (Ctrl-C, a supervisor's stop) reach the command itself, and its exit status is
+    this process's. Before the exec, one line on stderr says what is armed; a command that cannot be
+    started (not found, a directory, not executable, an empty name, a NUL byte, or exec refusing it) is a
+    :class:`UsageError`: exit status 2 and one line naming the command and the fix.
+    """
     from .patching import VENDOR_ENV
+    from .settings import SIM_SWITCH
 
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise UsageError("nothing to run; usage: vendor-graph run --vendor ascend -- lmdeploy serve api_server "
-                         "<model> --backend pytorch --device ascend")
+        raise UsageError(f"nothing to run; usage: {RUN_EXAMPLE}")
     env = dict(os.environ)
     env[VENDOR_ENV] = args.vendor
     if env.pop("VENDOR_GRAPH_DISABLE_AUTOLOAD", None) is not None:
@@ -313,13 +358,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     hook = autoload_hook()
     if not hook.installed:
         raise UsageError(f"the autoload hook is {hook.describe()}")
+    _check_runnable(command, env)
+    simulated = env.get(SIM_SWITCH, "").strip()
+    print(f"vendor-graph run: {args.vendor} graph mode armed for lmdeploy in {command[0]!r} and the processes it "
+          f"starts ({VENDOR_ENV}={args.vendor}, read by the autoload hook {hook.path.name}"
+          + (f"; simulated NPU: {SIM_SWITCH}={simulated})" if simulated else ")"), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(command[0], command, env)
-    except FileNotFoundError:
-        print(f"vendor-graph run: {command[0]!r} not found on PATH", file=sys.stderr)
-        return 127
+    except (OSError, ValueError) as exc:  # what the checks above could not foresee (a binary of another machine)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"{command[0]!r} could not be started: {reason}: give a program this machine can run "
+                         f"(a script needs a #! line and chmod +x)") from None
     return 0  # pragma: no cover - execvpe does not return
 
 
