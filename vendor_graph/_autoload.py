@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
-from . import REFERENCE_VENDORS, settings
+from . import REFERENCE_VENDORS, settings, workers
 from .patching import when_imported
 
 _TRIGGERS = (
@@ -38,6 +39,8 @@ def _arm(vendor: str) -> None:
 
     for trigger in _REFERENCE_TRIGGERS if vendor in REFERENCE_VENDORS else _TRIGGERS:
         when_imported(trigger.format(vendor=vendor), activate)
+    if os.environ.get(workers.REPORTS_ENV):  # a worker spawned by an executor vendor_graph watches
+        workers.arm_worker()
 
 
 def _main() -> None:

@@ -262,6 +262,8 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
                         f"{', '.join(sorted(settings.SETTINGS))}", True))
         elif r.problem is not None:
             out.append((str(r.problem), True))
+        elif r.setting.scope == "internal":
+            out.append((f"{r.name}={r.raw}  ({r.setting.meaning})", False))
         elif r.setting.scope != "runtime":
             out.append((f"{r.name}={r.raw}  ({r.setting.scope}, not read by the runtime: {r.setting.meaning})", False))
         else:

@@ -296,7 +296,7 @@ class Setting:
     kind: Kind | None = None
     default: Any = None
     none: str = "unset"  # what the value None means, in words
-    scope: str = "runtime"  # runtime, tooling (scripts and tests) or simulator
+    scope: str = "runtime"  # runtime, internal (set by the runtime itself), tooling (scripts and tests) or simulator
     field: str = ""  # its attribute on Settings
 
     def parse(self, raw: str | None) -> Any:
@@ -388,7 +388,10 @@ def _runtime_settings() -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = _runtime_settings()
 SIM_SWITCH = "VENDOR_GRAPH_SIM"  # vendor-graph-sim's: the simulated NPU in every interpreter (doctor shows it)
+WORKER_REPORTS = "VENDOR_GRAPH_WORKER_REPORTS"  # vendor_graph.workers sets it for the workers lmdeploy spawns
 TOOLING: dict[str, Setting] = {s.name: s for s in (
+    Setting(WORKER_REPORTS, "set by vendor_graph in lmdeploy's spawned workers: the folder where a worker that "
+            "dies leaves its error for the parent (vendor_graph.workers)", scope="internal"),
     Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
             scope="simulator"),
     Setting(SIM_SWITCH, "the simulator switch: every interpreter sees the simulated NPU of this torch_npu "

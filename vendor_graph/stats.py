@@ -291,6 +291,7 @@ class RunnerRecord:
 
     label: str
     vendor: str
+    kind: str  # the runner's class, module.qualname
     sizes: list[int]
     capture_plan: Any
     stats: GraphStats
@@ -336,6 +337,7 @@ def register(runner: Any, graph_stats: GraphStats | None = None) -> None:
     among :func:`live_runners`, and in :func:`runs` for the rest of the process; the first runner of a process
     with ``VENDOR_GRAPH_STATS_FILE`` set starts the periodic stats file writer."""
     record = RunnerRecord(label=runner.label, vendor=getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
+                          kind=f"{type(runner).__module__}.{type(runner).__qualname__}",
                           sizes=list(runner.capture_sizes()), capture_plan=getattr(runner, "capture_plan", None),
                           stats=runner.stats if graph_stats is None else graph_stats, ident=id(runner),
                           runner=weakref.ref(runner))
@@ -401,6 +403,7 @@ def runner_document(runner: Any) -> dict[str, Any]:
     merged = GraphStats(histogram=histogram)
     return {
         "vendor": getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
+        "runner": getattr(runner, "kind", None) or f"{type(runner).__module__}.{type(runner).__qualname__}",
         "max_batches": getattr(plan, "max_batches", None) or max(runner.capture_sizes()),
         "capture_sizes": list(runner.capture_sizes()),
         "capture_source": getattr(plan, "source", "default"),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import bridges, buckets, capacity, compat, lifecycle, patching, settings, switches
+from . import bridges, buckets, capacity, compat, lifecycle, patching, settings, switches, workers
 from .buffers import BufferSpec
 from .compat import LmdeployApi
 
@@ -183,6 +183,7 @@ def install(profile: VendorProfile) -> patching.Activation:
         lifecycle.install(activation)  # a finished weight update drops the graphs (lmdeploy does not)
         capacity.install(activation)  # graph memory kept out of the KV cache lmdeploy sizes
         bridges.install(activation)  # lmdeploy calls the installed dlinfer cannot take, where its signatures say so
+        workers.install(activation)  # a spawned worker that dies stops the engine instead of hanging it
         if profile.extra_setup is not None:
             profile.extra_setup(activation)
 

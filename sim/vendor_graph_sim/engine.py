@@ -104,6 +104,7 @@ class EngineRun:
     lmdeploy: str
     torch_npu: str
     executor: str
+    tp: int
     max_batch_size: int
     prefix_caching: bool
     cache: str  # "fixed" or "from free memory"
@@ -120,6 +121,7 @@ class EngineRun:
     histogram: dict[str, int] = dataclasses.field(default_factory=dict)
     prefill_kernels: dict[str, int] = dataclasses.field(default_factory=dict)  # dlinfer's prefill kernels called
     prefill_cached_tokens: int = 0  # cached history the paged prefills attended to (over all layers)
+    ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # mp executor: each worker's stats file
     seconds: float = 0.0
 
     @property
@@ -184,9 +186,46 @@ def _counting_prefill_kernels(record: EngineRun) -> Iterator[None]:
         registry.update(saved)
 
 
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` for the block: what the processes lmdeploy spawns in it inherit."""
+    import os
+
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _worker_stats(base: Path) -> list[dict[str, Any]]:
+    """The stats files lmdeploy's workers wrote at exit for ``base`` (one per rank), by rank."""
+    from vendor_graph import stats
+
+    documents = [json.loads(path.read_text()) for path in stats.stats_files(base)]
+    return sorted(documents, key=lambda d: d.get("rank", 0))
+
+
+def _record_runner(record: EngineRun, document: dict[str, Any], captures: int, replays: int,
+                   eager_reasons: dict[str, int]) -> None:
+    record.captures, record.replays, record.eager_reasons = captures, replays, dict(eager_reasons)
+    record.histogram = {str(k): v for k, v in document.get("batch_histogram", {}).items()}
+
+
 def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request], max_batch_size: int = 6,
-        prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni") -> EngineRun:
-    """Serve ``requests`` through ``lmdeploy.pipeline`` (Ascend, greedy, ``ignore_eos``) and close it."""
+        prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni",
+        tp: int = 1) -> EngineRun:
+    """Serve ``requests`` through ``lmdeploy.pipeline`` (Ascend, greedy, ``ignore_eos``) and close it.
+
+    ``executor="mp"`` (and every ``tp`` > 1) runs the model in processes lmdeploy spawns: they see the simulated
+    NPU through the switch's environment, vendor_graph activates itself in them (its autoload), and what their
+    runners did comes from the stats file each rank writes at exit (:attr:`EngineRun.ranks`; rank 0's in the
+    other fields)."""
     import lmdeploy
     import torch
     from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
@@ -196,37 +235,46 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
 
     from . import device as sim
 
+    in_workers = executor != "uni" or tp > 1
     record = EngineRun(model=model, mode="graph" if graph else "eager", lmdeploy=lmdeploy.__version__,
-                       torch_npu=getattr(__import__("torch_npu"), "__version__", "?"), executor=executor,
+                       torch_npu=getattr(__import__("torch_npu"), "__version__", "?"), executor=executor, tp=tp,
                        max_batch_size=max_batch_size, prefix_caching=prefix_caching,
                        cache="from free memory" if cache_from_memory else "fixed", requests=len(requests))
     config = PytorchEngineConfig(
         device_type="ascend", eager_mode=not graph, max_batch_size=max_batch_size, block_size=BLOCK_SIZE,
-        session_len=SESSION_LEN, enable_prefix_caching=prefix_caching, distributed_executor_backend=executor,
+        session_len=SESSION_LEN, enable_prefix_caching=prefix_caching, distributed_executor_backend=executor, tp=tp,
         num_gpu_blocks=0 if cache_from_memory else FIXED_BLOCKS,
         cache_max_entry_count=AUTO_CACHE_FRACTION if cache_from_memory else 0.8)
     gen = [GenerationConfig(top_k=1, do_sample=False, ignore_eos=True, max_new_tokens=r.max_new_tokens)
            for r in requests]
     replays_before = sim.counters.replays
     start = time.perf_counter()
-    pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")  # lmdeploy's log: errors only
-    try:
-        with _counting_prefill_kernels(record):
-            outputs = pipe([r.prompt for r in requests], gen_config=gen)
-        agent = _model_agent(pipe) if executor == "uni" else None
-        runner = getattr(agent, "patched_model", None)
-        record.runner = _runner_name(runner) if runner is not None else ""
-        record.num_blocks = int(getattr(getattr(agent, "cache_config", None), "num_gpu_blocks", 0) or 0)
-        record.vendor_graph_active = vendor_graph.active_vendor() is not None
-        if runner is not None and hasattr(runner, "stats"):
-            document = stats.runner_document(runner)
-            record.captures, record.replays = runner.stats.captures, runner.stats.replays
-            record.eager_reasons = dict(runner.stats.eager_steps)
-            record.histogram = {str(k): v for k, v in document.get("batch_histogram", {}).items()}
-        else:
-            record.replays = sim.counters.replays - replays_before
-    finally:
-        pipe.close()
+    with tempfile.TemporaryDirectory(prefix="vendor_graph-workers-") as workers:
+        worker_stats = Path(workers) / "stats.json"
+        spawn_env = {"VENDOR_GRAPH_STATS_FILE": str(worker_stats)} if in_workers else {}
+        with _environment(**spawn_env):
+            pipe = pipeline(str(model_dir), backend_config=config, log_level="ERROR")  # lmdeploy's log: errors only
+        try:
+            with _counting_prefill_kernels(record):
+                outputs = pipe([r.prompt for r in requests], gen_config=gen)
+            agent = None if in_workers else _model_agent(pipe)
+            runner = getattr(agent, "patched_model", None)
+            record.runner = _runner_name(runner) if runner is not None else ""
+            record.num_blocks = int(getattr(getattr(agent, "cache_config", None), "num_gpu_blocks", 0) or 0)
+            record.vendor_graph_active = vendor_graph.active_vendor() is not None
+            if runner is not None and hasattr(runner, "stats"):
+                _record_runner(record, stats.runner_document(runner), runner.stats.captures, runner.stats.replays,
+                               runner.stats.eager_steps)
+            elif not in_workers:
+                record.replays = sim.counters.replays - replays_before
+        finally:
+            pipe.close()
+        if in_workers:  # the workers have exited: their stats files are complete
+            record.ranks = _worker_stats(worker_stats)
+            if record.ranks:
+                first = record.ranks[0]
+                record.runner = first.get("runner", "")
+                _record_runner(record, first, first["captures"], first["replays"], first["eager_steps"])
     record.seconds = round(time.perf_counter() - start, 2)
     torch.npu.synchronize()
     for out in outputs:
@@ -258,15 +306,18 @@ class Comparison:
 
 
 def compare(model: str, *, workdir: Path | None = None, seed: int = 0, requests: int = 10, max_batch_size: int = 6,
-            prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni") -> Comparison:
-    """:func:`run` eager, then in graph mode, on one checkpoint of ``model`` and one workload."""
+            prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni",
+            tp: int = 1, eager_tp: int | None = None) -> Comparison:
+    """:func:`run` eager, then in graph mode, on one checkpoint of ``model`` and one workload (the eager run with
+    ``eager_tp`` ranks, default ``tp``: a tensor-parallel graph run against a one-card eager run)."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         checkpoint = write_model(model, Path(tmp) / model, seed)
         load = workload(seed, requests=requests, shared_prefix=2 * BLOCK_SIZE + 3 if prefix_caching else 0)
         kwargs = dict(model=model, requests=load, max_batch_size=max_batch_size, prefix_caching=prefix_caching,
-                      cache_from_memory=cache_from_memory, executor=executor)
-        eager = run(checkpoint, graph=False, **kwargs)
-        graph = run(checkpoint, graph=True, **kwargs)
+                      cache_from_memory=cache_from_memory)
+        eager_tp = tp if eager_tp is None else eager_tp
+        eager = run(checkpoint, graph=False, executor=executor if eager_tp == tp else "uni", tp=eager_tp, **kwargs)
+        graph = run(checkpoint, graph=True, executor=executor, tp=tp, **kwargs)
     return Comparison(eager, graph)
 
 
@@ -317,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-batch-size", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--executor", choices=("uni", "mp"), default="uni",
+                        help="lmdeploy's distributed_executor_backend: mp runs the model in spawned workers")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (mp executor)")
+    parser.add_argument("--eager-tp", type=int, default=None, help="ranks of the eager run (default --tp)")
     parser.add_argument("--runner", choices=sorted(RUNNERS), default="vendor_graph",
                         help="; ".join(f"{k}: {v}" for k, v in RUNNERS.items()))
     args = parser.parse_args(argv)
@@ -337,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry: dict[str, Any] = {"model": model, "case": case}
             try:
                 c = compare(model, seed=args.seed, requests=args.requests, max_batch_size=args.max_batch_size,
-                            **CASES[case])
+                            executor=args.executor, tp=args.tp, eager_tp=args.eager_tp, **CASES[case])
                 entry.update(eager=dataclasses.asdict(c.eager), graph=dataclasses.asdict(c.graph),
                              tokens_equal=c.tokens_equal, first_difference=c.first_difference())
             except Exception as exc:  # noqa: BLE001 - recorded: what this stack does is the finding
