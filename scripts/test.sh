@@ -27,7 +27,7 @@ status=0
 real_stack() {
   local part=$1 gens=$2 which=$3 begin=$SECONDS rc=0
   shift 3
-  local select=(); [ "$which" = matrix ] && select=(-k "lmdeploy_models_decode or engine_serves or engine_doctor or engine_dlinfers")
+  local select=(); [ "$which" = matrix ] && select=(-k "lmdeploy_models_decode or engine_serves or engine_doctor or engine_dlinfers or engine_workers")
   VENDOR_GRAPH_REAL_STACK_GENERATIONS="$gens" "$py" -m pytest -q -p no:cacheprovider -rs "${select[@]}" \
     --junitxml="$reports/$version-real-$part.xml" tests/realstack "$@" > "$reports/$version-real-$part.log" 2>&1 \
     || rc=$?

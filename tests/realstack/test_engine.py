@@ -18,20 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_checks import FULL, GENERATIONS, RELEASE, check_pair
 from vendor_graph_sim import engine, realstack
 
-from vendor_graph import compat
-from vendor_graph.vendors.ascend import releases
-
-GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())
-RELEASE = compat.series(compat.installed_lmdeploy_version())
-OURS = "vendor_graph.vendors.ascend.runner.AscendGraphRunner"
 DLINFERS = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph.AscendGraphRunner"
 # What stops lmdeploy's engine on this stack without vendor_graph's bridges (tests/lmdeploy/test_bridges.py proves
 # each one's detection): 0.16/0.17 build no cache engine, 0.18 prefills nothing.
 NEEDED_BRIDGES = {"0.16": ["state-cache"], "0.17": ["state-cache"], "0.18": ["prefill-attention"]}
-# The generation each leg runs its whole set of cases on (the others run the basic case).
-FULL = "G5"
 
 
 def serve(tmp_path: Path, generation: str, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -41,25 +34,6 @@ def serve(tmp_path: Path, generation: str, *args: str) -> tuple[subprocess.Compl
     proc = subprocess.run([sys.executable, "-m", "vendor_graph_sim.engine", str(out), *args], capture_output=True,
                           text=True, timeout=900, env=env, cwd=str(tmp_path))
     return proc, (json.loads(out.read_text()) if out.is_file() else None)
-
-
-def check_pair(entry: dict, where: str) -> None:
-    assert entry.get("error") is None, f"{where}: {entry.get('traceback')}"
-    eager, graph = entry["eager"], entry["graph"]
-    assert entry["tokens_equal"], f"{where}: {entry['first_difference']}"
-    for run in (eager, graph):
-        assert run["runner"] == OURS and run["vendor_graph_active"], f"{where}: {run['runner']}"
-        assert run["finish_reasons"] == ["length"] * run["requests"], f"{where}: {run['finish_reasons']}"
-        assert [len(t) for t in run["tokens"]] == [8 + 3 * i for i in range(run["requests"])], where
-    assert graph["captures"] > 0 and graph["replays"] > 0, f"{where}: {graph}"
-    # the only eager steps are prefills; a decode step that fell back eager would be named here
-    assert set(graph["eager_reasons"]) <= {"not a decode step"}, f"{where}: {graph['eager_reasons']}"
-    assert eager["replays"] == 0 and eager["captures"] == 0
-    batches = {int(b) for b in graph["histogram"]}
-    assert {5, 3} <= batches, f"{where}: the batch never shrank inside a bucket: {graph['histogram']}"
-    assert {6, 4, 2, 1} <= batches, f"{where}: the batch never crossed the buckets: {graph['histogram']}"
-    # every decode step (warmup's included) captured or replayed a graph
-    assert sum(graph["histogram"].values()) == graph["replays"] + graph["captures"], f"{where}: {graph}"
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
