@@ -6,7 +6,10 @@ active, over the real dlinfer, on a workload whose requests queue, join mid-run 
 lengths; it prints whether every request's greedy tokens are equal, the runner lmdeploy built, its stats and
 the bridges applied. ``--model tiny`` (and ``--vendor camb`` / ``maca``, which have no simulated device for
 lmdeploy's engine) runs the simulator's tiny decoder instead, eager and graph side by side, step by step.
-``--json PATH`` also writes the verdict and the runner's counts there.
+``--json PATH`` also writes the verdict and the runner's counts there. ``--serve`` serves the workload through
+lmdeploy's OpenAI server instead (:mod:`vendor_graph_sim.serve`): ``lmdeploy serve api_server`` under
+``vendor-graph run --vendor ascend`` on the simulated NPU, on a loopback port, sent concurrent requests by the
+``openai`` client, stopped with SIGTERM, and the same with ``--eager-mode``.
 
 Exit status: 0 when graph mode matched eager (and, for the engine, vendor_graph's runner replayed graphs), 1
 when it did not, 2 for a command line or environment that cannot run (one line naming the fix). Where a real
@@ -126,7 +129,12 @@ def _model(args: argparse.Namespace) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.serve and (args.model == DEMO_MODEL or (args.model is None and args.vendor != ENGINE_VENDOR)):
+        raise UsageError("--serve runs lmdeploy's OpenAI server on the simulated Ascend NPU: use --vendor ascend with "
+                         "--model lmdeploy-llama or lmdeploy-mla (the tiny decoder has no server)")
     model = _model(args)
+    if args.serve:
+        return _serve_demo(args, model)
     if model != DEMO_MODEL:
         return _engine_demo(args, model)
     if args.backend == "sim" and demo_needs_child():
@@ -511,6 +519,134 @@ def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
         print(f"\nRequest 0: {_words(load[0].prompt)}\n  -> {_words(graph.texts[0])}")
 
 
+# -- lmdeploy's OpenAI server on the simulated NPU (--serve) -------------------------------------------------------
+
+SERVER_NEEDS = ("openai", "fastapi", "uvicorn", "partial_json_parser")  # requirements/lmdeploy-imports.txt has them
+
+
+def _served(run: Any) -> str:
+    """One server's life in a line: ready, the workload, SIGTERM."""
+    down = run.shutdown
+    stop = ("no answer to SIGTERM" if down is None else
+            f"SIGTERM: every process gone in {down.seconds:.1f} s" if not down.forced and not down.strays else
+            f"SIGTERM: {len(down.strays)} processes left after {down.seconds:.0f} s, killed")
+    failed = len(run.answers) - len(run.ok)
+    return (f"ready in {run.ready_seconds:.1f} s on 127.0.0.1:{run.port}; {len(run.ok)} answers"
+            f"{f' ({failed} FAILED)' if failed else ''}, {run.token_count} tokens in {run.workload_seconds:.1f} s "
+            f"(at most {run.most_concurrent} requests in flight); {stop}")
+
+
+def _stats_table(document: dict[str, Any]) -> str:
+    """The stats file's buckets and eager steps as vendor_graph's summary prints them."""
+    from collections import Counter
+
+    from vendor_graph import stats
+
+    names = [f.name for f in dataclasses.fields(stats.BucketStats)]
+    buckets = {int(size): stats.BucketStats(**{k: v for k, v in b.items() if k in names})
+               for size, b in document.get("buckets", {}).items()}
+    return stats.GraphStats(buckets=buckets, eager_steps=Counter(document.get("eager_steps", {}))).summary()
+
+
+def _serve_demo(args: argparse.Namespace, model: str) -> int:
+    """lmdeploy's OpenAI server under ``vendor-graph run`` on the simulated Ascend NPU, graph mode against
+    ``--eager-mode``, each sent the same concurrent requests by the openai client and stopped with SIGTERM."""
+    from . import serve
+
+    start = time.perf_counter()
+    real = importlib.machinery.PathFinder.find_spec("torch_npu")
+    if real is not None:
+        raise UsageError(f"a real torch_npu is installed ({real.origin}): the server demo serves lmdeploy on the "
+                         f"simulated torch_npu, which never runs beside a real one; on this machine run "
+                         f"vendor-graph run --vendor ascend -- lmdeploy serve api_server <model> --device ascend")
+    release, generation = _simulated_torch_npu(args.generation)
+    source = _dlinfer_source()
+    from vendor_graph import compat
+
+    version = compat.installed_lmdeploy_version()
+    _check_lmdeploy(ENGINE_VENDOR, version)
+    missing = [name for name in SERVER_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"lmdeploy's server and its client need {', '.join(missing)}, not installed here: "
+                         f"pip install -r requirements/lmdeploy-imports.txt (scripts/setup-env.sh does)")
+    calls = serve.workload(args.seed, args.requests)
+    clients = min(serve.CLIENTS, len(calls))
+    lengths = sorted(c.max_tokens for c in calls)
+    print(f"vendor_graph {__version__} demo --serve: lmdeploy {version}'s OpenAI server (lmdeploy serve api_server "
+          f"under vendor-graph run --vendor ascend) on the simulated Ascend NPU, torch_npu {release} ({generation}), "
+          f"dlinfer {source}", flush=True)
+    print(f"{model} (random weights, word-level tokenizer), --max-batch-size {serve.MAX_BATCH_SIZE}; "
+          f"{_requests(calls)} from {clients} concurrent openai clients: chat completions and completions, streamed "
+          f"and not, greedy, {lengths[0]} to {lengths[-1]} new tokens (ignore_eos); loopback only\n", flush=True)
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="vendor-graph-serve-") as tmp:
+        checkpoint = engine.write_model(model, Path(tmp) / model, args.seed)
+        for graph, label in ((True, "graph mode (vendor-graph run --vendor ascend)"),
+                             (False, "eager (--eager-mode)")):
+            try:
+                runs[graph] = serve.serve(checkpoint, Path(tmp) / ("graph" if graph else "eager"), calls,
+                                          graph=graph, generation=release, clients=clients, model_name=model)
+            except serve.ServerError as exc:
+                print(f"FAIL: the {label} server: {exc}")
+                return 1
+            print(f"{label}: {_served(runs[graph])}", flush=True)
+    pair = serve.Pair(runs[True], runs[False])
+    graph = pair.graph
+    differences = pair.differences()
+    chat = [a for a in graph.answers if a.token_ids is not None]
+    print(f"\nAnswers of every request equal, graph mode vs eager: {'yes' if pair.equal else 'NO'} "
+          f"({_requests(graph.answers)}: texts, and the token ids of the {len(chat)} chat completions; "
+          f"{graph.token_count} tokens graph, {pair.eager.token_count} eager)")
+    for line in differences[:5]:
+        print(f"  {line}")
+    document = graph.stats or {}
+    runner = document.get("runner", "-")
+    print(f"Runner lmdeploy built in its engine process: {runner} "
+          f"({'vendor_graph' if runner.startswith('vendor_graph.') else 'NOT vendor_graph'}'s)")
+    print(f"\nGraph stats of the graph-mode server (VENDOR_GRAPH_STATS_FILE, written by lmdeploy's engine process as "
+          f"it exited after SIGTERM): {document.get('captures', 0)} captures, {document.get('replays', 0)} replays")
+    if graph.stats_problem:
+        print(f"  {graph.stats_problem}")
+    if document:
+        print(_stats_table(document))
+        batches = sorted((int(b), n) for b, n in document.get("batch_histogram", {}).items())
+        print(f"decode steps per batch size: {', '.join(f'{b}: {n}' for b, n in batches) or '-'} (graphs of "
+              f"{', '.join(map(str, document.get('capture_sizes', []))) or '-'}; warm-up's captures included)")
+    strays = [s for r in runs.values() if r.shutdown for s in r.shutdown.strays]
+    problems = [text for failed, text in (
+        (not pair.equal, "graph mode's answers are not eager's"),
+        (not runner.startswith("vendor_graph."), "lmdeploy did not build vendor_graph's runner"),
+        (not document.get("replays"), "vendor_graph's runner replayed no graph"),
+        (bool(strays), f"processes left after SIGTERM: {strays}"),
+    ) if failed]
+    if problems:
+        print(f"FAIL: {'; '.join(problems)}")
+    first = next((c for c in calls if c.index == 0), None)
+    if first is not None and graph.answers and graph.answers[0].text:
+        print(f"\nRequest 0 ({first.endpoint}): {_words(first.prompt)}\n  -> {_words(graph.answers[0].text)}")
+    seconds = time.perf_counter() - start
+    print(f"\n{seconds:.1f} s in all (two servers started, served and stopped): the simulator is CPU emulation, not a "
+          f"device speed")
+    if args.json is not None:
+        write_json(args.json, {
+            "parity": pair.equal, "serve": True, "engine": True, "vendor": ENGINE_VENDOR, "backend": "sim",
+            "lmdeploy": str(version), "generation": generation, "torch_npu": release, "model": model,
+            "dlinfer": source, "seed": args.seed, "vendor_graph": __version__, "requests": len(calls),
+            "clients": clients, "max_batch_size": serve.MAX_BATCH_SIZE, "tokens_equal": pair.equal,
+            "differences": differences, "tokens": graph.token_count, "runner": runner,
+            "captures": document.get("captures", 0), "graph_replays": document.get("replays", 0),
+            "eager_steps": sum(document.get("eager_steps", {}).values()),
+            "eager_reasons": document.get("eager_steps", {}), "batch_histogram": document.get("batch_histogram", {}),
+            "capture_sizes": document.get("capture_sizes", []), "strays": strays,
+            "servers": {r.mode: {"ready_seconds": r.ready_seconds, "workload_seconds": r.workload_seconds,
+                                 "most_concurrent": r.most_concurrent,
+                                 "shutdown": dataclasses.asdict(r.shutdown) if r.shutdown else None,
+                                 "statuses": [a.status for a in r.answers]} for r in runs.values()},
+            "seconds": round(seconds, 1),
+        })
+    return 1 if problems else 0
+
+
 def _requests_bound() -> str:
     lengths = [r.max_new_tokens for r in engine.workload(0, requests=MAX_REQUESTS)]
     return (f"the requests decode {', '.join(map(str, lengths[:3]))} ... new tokens, so {MAX_REQUESTS} requests "
@@ -543,6 +679,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=DEMO_BACKENDS, default=None,
                       help="tiny: where graphs are captured and replayed (sim: the CPU graph simulator, default)")
+    demo.add_argument("--serve", action="store_true",
+                      help="serve the requests through lmdeploy's OpenAI server (lmdeploy serve api_server under "
+                           "vendor-graph run, on a loopback port) from concurrent openai clients, graph mode vs "
+                           "--eager-mode, each server stopped with SIGTERM")
     demo.add_argument("--json", type=json_path_type, default=None, metavar="PATH",
                       help="also write the verdict and counts there as JSON")
     demo.set_defaults(handler=cmd_demo)
