@@ -18,7 +18,8 @@ Suspected, unconfirmed on hardware (switches in :data:`config`, defaults = the s
 ``.default`` call is not intercepted, so ``update()`` is a silent no-op (on hardware check
 ``len(graph.graph_dispatch_mode.graph_dispatch_records)``); ``Event`` waits follow CUDA semantics. Not
 simulated: pinned memory (``pin_memory()`` fails once installed), RNG in graphs, ``make_graphed_callables``,
-the G3b+ op-handler hooks, threads (the current stream is process-global).
+the G3b+ op-handler hooks. Threads: each has its own current stream; a task update opened while another thread
+has one open fails, as on the device.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The simulated device runtime: configuration, counters, streams, events, memory pools and graphs.
 
-Everything here is process-global (one simulated device, ``npu:0``) and single-threaded by design: the
-current stream is a process-wide setting, not a thread-local one.
+Everything here is process-global (one simulated device, ``npu:0``) except the current stream, which is each
+thread's own (as in torch). Threads may issue work, one op at a time (the GIL); the one thing the device side
+refuses from two threads is two task updates open at once (``graph_task_update_begin`` fails the second, as
+torch_npu 2.10.0.post2 on CANN 9.0.1 does), which ``NPUGraph.update`` also goes through.
 
 Execution model
 ---------------
@@ -22,6 +24,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -579,14 +583,24 @@ class Stream:
 
 
 class _State:
-    __slots__ = ("current", "default", "pending", "captures", "device_type")
+    __slots__ = ("_local", "default", "pending", "captures", "device_type", "open_update")
 
     def __init__(self) -> None:
         self.default = Stream()
-        self.current = self.default
+        self._local = threading.local()  # the current stream is each thread's own, as in torch
         self.pending: dict[Stream, None] = {}  # streams with non-empty queues, in order
         self.captures: list[CaptureState] = []
         self.device_type = "npu"
+        # (thread id, stream) of the task update open in this process: torch_npu has one at a time
+        self.open_update: tuple[int, Stream] | None = None
+
+    @property
+    def current(self) -> Stream:
+        return getattr(self._local, "stream", None) or self.default
+
+    @current.setter
+    def current(self, stream: Stream) -> None:
+        self._local.stream = stream
 
 
 _state = _State()
@@ -628,12 +642,17 @@ class stream_context:
             _state.current = self.saved
 
 
+# The device runs its queues for one host thread at a time (work a task runs may issue more: reentrant).
+_device = threading.RLock()
+
+
 def enqueue(stream: Stream, task: Task) -> None:
     """Issue ``task`` on ``stream`` (eager mode: run what can run now)."""
-    stream.queue.append(task)
-    _state.pending[stream] = None
-    if config.eager_drain:
-        drain_all()
+    with _device:
+        stream.queue.append(task)
+        _state.pending[stream] = None
+        if config.eager_drain:
+            drain_all()
 
 
 def _run_queue(stream: Stream) -> bool:
@@ -664,11 +683,12 @@ def drain_all() -> None:
     """Run every queue as far as it can go (until each is empty or blocked)."""
     pending = _state.pending
     progressed = True
-    while progressed and pending:
-        progressed = False
-        for stream in list(pending):
-            if _run_queue(stream):
-                progressed = True
+    with _device:
+        while progressed and pending:
+            progressed = False
+            for stream in list(pending):
+                if _run_queue(stream):
+                    progressed = True
 
 
 def _check_sync_allowed(what: str, stream: Stream | None) -> None:
@@ -712,6 +732,11 @@ def sync_current(what: str) -> None:
 
 
 def _drain_until(done: Callable[[], bool], what: str, first: Stream | None) -> None:
+    with _device:
+        _drain_locked(done, what, first)
+
+
+def _drain_locked(done: Callable[[], bool], what: str, first: Stream | None) -> None:
     while not done():
         progressed = _run_queue(first) if first is not None and first.queue else False
         if done():
@@ -750,6 +775,7 @@ def discard_queued_work() -> list[str]:
         capture.graph._abort("discarded: its capture was left open")
     _state.captures.clear()
     _state.current = _state.default
+    _state.open_update = None
     return dropped
 
 
@@ -1000,9 +1026,16 @@ def task_update_begin(stream: Stream, handle: TaskGroupHandle) -> None:
         raise TypeError(f"graph_task_update_begin expects a task group handle, got {type(handle).__name__}")
     if stream.capture is not None:
         raise RuntimeError("graph_task_update_begin on a capturing stream")
+    me = threading.get_ident()
+    if _state.open_update is not None and _state.open_update[0] != me:
+        raise RuntimeError(f"graph_task_update_begin: another thread of this process has a task update open (on "
+                           f"{_state.open_update[1]!r}); the device takes one at a time (torch_npu 2.10.0.post2 on "
+                           f"CANN 9.0.1 fails the second): serialise graph updates within the process")
     if stream.update is not None:
         raise RuntimeError("graph_task_update_begin: an update is already open on this stream")
+    _state.open_update = (me, stream)
     stream.update = UpdateScope(handle.group)
+    time.sleep(0)  # the device call lets other threads run, as torch_npu's releases the GIL
 
 
 def task_update_end(stream: Stream) -> None:
@@ -1010,6 +1043,7 @@ def task_update_end(stream: Stream) -> None:
     if scope is None:
         raise RuntimeError("graph_task_update_end without graph_task_update_begin on this stream")
     stream.update = None
+    _state.open_update = None
     counters.updates += 1
     counters.device_ops += 1
     counters.by_op["graph.task_update"] += 1

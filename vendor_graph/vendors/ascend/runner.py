@@ -18,7 +18,7 @@ from ...key import GraphKey
 from ...step import CaptureFailed, GraphBackend, StepPolicy
 from . import hook, limits
 from .buckets import ascend_capture_sizes
-from .seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities, detect
+from .seqlen import GRAPH_UPDATE, TASK_UPDATE, UPDATES, Capabilities, detect
 from .spec import HOST_KV_SEQLENS
 
 logger = logging.getLogger("vendor_graph")
@@ -346,14 +346,15 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
                     graph.update_stream.wait_event(fence)  # torch_npu updates on this stream: device order
                 else:
                     fence.synchronize()
-            graph.graph.update(cpu_update_input=[{t.spec.key: t.host_value(lens)} for t in by_update])
+            with UPDATES:
+                graph.graph.update(cpu_update_input=[{t.spec.key: t.host_value(lens)} for t in by_update])
         if by_task:
             if self._update_stream is None:
                 self._update_stream = npu.Stream()
             stream = self._update_stream
             if fence is not None:
                 stream.wait_event(fence)  # device-side: no host stall
-            with npu.stream(stream):  # the re-issued op must be issued on the update stream
+            with UPDATES, npu.stream(stream):  # the re-issued op must be issued on the update stream
                 for task in by_task:
                     npu.graph_task_update_begin(stream, task.handle)
                     task.call_with(lens)

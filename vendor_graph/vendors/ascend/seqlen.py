@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -200,3 +201,27 @@ def detect(npu_module: Any, version: str | None) -> Capabilities:
     logger.warning("vendor_graph.ascend: torch_npu %s: features %s; using %s rules (%s)",
                    version, probed, generation or "no generation's", source)
     return Capabilities(version, generation, facts, source)
+
+
+class UpdateOwner:
+    """The one issuer of seq-len updates in a process: every runner (main and draft model, several engines,
+    any thread) refreshes its graphs' tasks inside ``with UPDATES:``, one refresh at a time.
+
+    torch_npu keeps one open task update per process on the device side: with two threads updating at once,
+    ``graph_task_update_begin`` fails (torch_npu 2.10.0.post2, CANN 9.0.1; reported in sglang-omni PR #2160,
+    where every update is serialised behind one lock). ``NPUGraph.update`` re-issues through the same calls.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.refreshes = 0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.refreshes += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+UPDATES = UpdateOwner()
