@@ -1,13 +1,13 @@
 """lmdeploy's real OpenAI server under vendor_graph on the simulated NPU, driven by the real ``openai`` client.
 
-One server pair per lmdeploy release, on G5 (:mod:`vendor_graph_sim.serve`): ``vendor-graph run --vendor ascend --
-lmdeploy serve api_server ...`` in graph mode, then with ``--eager-mode``, each a real subprocess group on a free
-loopback port, each sent the same workload by 6 concurrent clients (12 requests: chat completions and completions,
-streamed and not, greedy with ``ignore_eos``, prompts of 3 to 37 words, 8 to 41 new tokens, ``--max-batch-size``
-4 so requests queue), then stopped with SIGTERM. The graph server also gets the bad requests, each followed by a
-good one. The tests below share that one pair (a module fixture): their names carry ``engine_serves`` so that
-``scripts/test.sh``'s selection of the real-stack tests for the leg's G5 part (``-k ... engine_serves ...``) takes
-them wherever G5 runs.
+One server pair on lmdeploy 0.16 and one on 0.18, on G5 (:mod:`vendor_graph_sim.serve`): ``vendor-graph run
+--vendor ascend -- lmdeploy serve api_server ...`` in graph mode, then with ``--eager-mode``, each a real
+subprocess group on a free loopback port, each sent the same workload by 6 concurrent clients (12 requests: chat
+completions and completions, streamed and not, greedy with ``ignore_eos``, prompts of 3 to 37 words, 8 to 41 new
+tokens, ``--max-batch-size`` 4 so requests queue), then stopped with SIGTERM. The graph server also gets the bad
+requests, each followed by a good one. The tests below share that one pair (a module fixture): their names carry
+``engine_serves`` so that ``scripts/test.sh``'s selection of the real-stack tests for the leg's G5 part
+(``-k ... engine_serves ...``) takes them wherever G5 runs.
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ import time
 import warnings
 
 import pytest
+from engine_checks import FULL, GENERATIONS, OURS, RELEASE
 from vendor_graph_sim import engine, serve
 
-from vendor_graph.vendors.ascend import releases
-
-GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())
-FULL = "G5"  # the one generation the server pair runs on, per release
-OURS = "vendor_graph.vendors.ascend.runner.AscendGraphRunner"
+SERVER_RELEASES = ("0.16", "0.18")  # the last release and the oldest (0.17's server is 0.18's): CI time
 # What lmdeploy 0.16 and 0.18's server answer (observed, the same in both): a model it does not serve is a 404,
 # the rest 400, each with an error body.
 BAD_REQUEST_STATUS = {"unknown model": 404, "max_tokens 0": 400, "max_tokens negative": 400,
                       "prompt longer than the session": 400, "malformed JSON": 400}
 
-on_full = pytest.mark.skipif(FULL not in GENERATIONS, reason=f"runs in the part of this leg that runs {FULL}")
+def on_full(test):
+    test = pytest.mark.skipif(RELEASE not in SERVER_RELEASES, reason=f"the server pair runs on {SERVER_RELEASES}")(test)
+    return pytest.mark.skipif(FULL not in GENERATIONS, reason=f"runs in the part of this leg that runs {FULL}")(test)
 
 
 @pytest.fixture(scope="module")
