@@ -353,3 +353,104 @@ def test_missing_function_is_reported_by_name(caplog):
     assert any(f"{ATTENTION}.decode_attention_mla is missing" in e for e in errors), errors
     assert dlinfer_adapter.is_routed(fake.decode_attention)
     assert [p.name for p in activation.patches] == ["decode_attention"]
+
+
+# -- both dlinfer generations: the capture flag where it lives, the generation by content ---------------------
+
+POST_350_ATTENTION = '''
+import torch
+
+def decode_attention(query, key_cache, value_cache, num_q_heads, num_kv_heads, scale_value, block_table, block_size,
+                     q_seq_len, kv_seq_len, softmax_scale, attn_output):
+    return attn_output
+
+def decode_attention_mla(*args, **kwargs):
+    return None
+'''
+
+
+def test_dlinfer_capture_flag_is_read_where_it_lives_after_pr_350(fake_scope):
+    """After dlinfer PR #350 its attention module no longer imports AscendGraphRunner: the conflict check reads
+    the flag on ascend_cudagraph (looking only in the function's globals would answer 'no conflict')."""
+    cudagraph = dlinfer_cudagraph()
+    attention = types.ModuleType(ATTENTION)
+    exec(compile(POST_350_ATTENTION, f"<{ATTENTION}>", "exec"), attention.__dict__)
+    assert "AscendGraphRunner" not in attention.decode_attention.__globals__
+    sys.modules[ATTENTION] = attention
+    activate_adapter()
+    out = torch.zeros(2)
+    assert attention.decode_attention(*([None] * 11), out) is out  # routed, no dlinfer capture: runs
+    cudagraph.AscendGraphRunner.capturing = True
+    try:
+        with pytest.raises(dlinfer_adapter.DlinferCaptureConflict, match="decode_attention"):
+            attention.decode_attention(*([None] * 11), out)
+    finally:
+        cudagraph.AscendGraphRunner.capturing = False
+    assert fake_scope.calls == []
+
+
+def _write_tree(root, files):
+    for relative, text in files.items():
+        path = root / "dlinfer" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "dlinfer"
+
+
+POST_350_FILES = {
+    "vendor/ascend/version.py": "def ensure_ascend_runtime(torch_version=None, torch_npu_version=None):\n    pass\n",
+    "framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py":
+        "class AscendGraphRunner:\n    capturing = False\n\n"
+        "    def __init__(self, model, model_config, cache_config, backend_config, device, is_mla=False):\n"
+        "        pass\n",
+    "vendor/ascend/attention.py": "import torch\n\ndef decode_attention():\n    pass\n",
+}
+A50184E_FILES = {
+    "framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py":
+        "from dataclasses import dataclass\n\n@dataclass\nclass GraphParams:\n    is_mla: bool\n\n"
+        "class AscendGraphRunner:\n    capturing = False\n\n"
+        "    def __init__(self, model, model_config, cache_config, backend_config, device):\n        pass\n",
+    "vendor/ascend/attention.py": "from dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph import (\n"
+                                  "    AscendGraphRunner, get_graph_params)\n",
+}
+
+
+@pytest.mark.parametrize("files, name", [
+    (POST_350_FILES, dlinfer_adapter.POST_350),
+    (A50184E_FILES, dlinfer_adapter.A50184E_ERA),
+    ({**POST_350_FILES, "framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py":
+      A50184E_FILES["framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py"]}, None),  # version.py and GraphParams
+    ({}, None),
+])
+def test_dlinfer_generation_is_recognised_by_content(monkeypatch, tmp_path, files, name):
+    package = _write_tree(tmp_path, files)
+    monkeypatch.setattr(dlinfer_adapter, "_package_root", lambda: package)
+    found = dlinfer_adapter.dlinfer_generation()
+    assert found.name == name, found.evidence
+    if name == dlinfer_adapter.POST_350:
+        assert "2.8.0.post1" in found.torch_npu() and "major.minor" in found.torch_npu()
+        assert "G0, G1, G2a" in found.torch_npu()
+    assert found.label() == (name or "unrecognised (neither a50184e-era nor post-#350)")
+
+
+def test_the_standin_dlinfer_is_a50184e_era_and_no_dlinfer_is_none(monkeypatch):
+    assert dlinfer_adapter.dlinfer_generation().name == dlinfer_adapter.A50184E_ERA
+    monkeypatch.setattr(dlinfer_adapter, "_package_root", lambda: None)
+    nothing = dlinfer_adapter.dlinfer_generation()
+    assert (nothing.name, nothing.label(), nothing.evidence) == (None, "none", ())
+
+
+@pytest.mark.parametrize("torch_version, torch_npu_version, refused", [
+    ("2.13.0+cpu", "2.13.0", None),
+    ("2.8.0", "2.8.0.post2", None),
+    ("2.8.0", "2.8.0", "needs >= 2.8.0.post1"),  # G2b
+    ("2.13.0", "2.7.1.post11", "needs >= 2.8.0.post1"),  # G5 of the 2.7.1 train
+    ("2.13.0", "2.12.0.post3", "major.minor"),
+    ("2.3.1", "2.3.1.post6", "refuses torch 2.3.1"),
+])
+def test_post_350_refuses_what_its_runtime_check_refuses(torch_version, torch_npu_version, refused):
+    post = dlinfer_adapter.DlinferGeneration(dlinfer_adapter.POST_350, "here", ("x",))
+    answer = post.refusal(torch_version, torch_npu_version)
+    assert (answer is None) if refused is None else (refused in answer), answer
+    earlier = dlinfer_adapter.DlinferGeneration(dlinfer_adapter.A50184E_ERA, "here", ("x",))
+    assert earlier.refusal(torch_version, torch_npu_version) is None

@@ -1,34 +1,53 @@
 """Route dlinfer's Ascend decode attention through :func:`vendor_graph.vendors.ascend.hook.call_attention`.
 
-dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly and do graph bookkeeping
-only while dlinfer's ``AscendGraphRunner.capturing`` is set; vendor_graph never sets it, so unrouted the kernels
-would be captured with their host KV lengths frozen. That flag set during our capture means dlinfer's runner is
-capturing too and both would record the same task: the wrapper raises.
+dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly; dlinfer's own graph
+runner captures them while its ``AscendGraphRunner.capturing`` is set. vendor_graph never sets that flag, so
+unrouted the kernels would be captured with their host KV lengths frozen. That flag set during our capture means
+dlinfer's runner is capturing too and both would record the same task: the wrapper raises.
 
-Checked against the real dlinfer main (a50184e) on the simulated NPU (tests/realstack) and the simulator's
-stand-in. ``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so
-every module binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
+Checked against the real dlinfer main (a50184e) and dlinfer after its PR #350 (commit ae9862a1, the tests lay its
+changed files over a50184e) on the simulated NPU (tests/realstack), and the simulator's stand-in.
+``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so every module
+binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
 
 ===========================  ==========================================================================
 dlinfer-ascend 0.2.7 (PyPI)  defined in ``vendor.ascend.attention``, imported into ``vendor.ascend.torch_npu_ops``;
                              ``atb._npu_paged_attention[_mla](..., context_lens=kv_seq_len, out=)``
-GitHub main (0.2.8, 2026)    same; ``decode_attention`` gains ``q_seq_len`` and quantised-KV arguments and
-                             defaults to ``npu.npu_fused_infer_attention_score(..., input_layout="TND",
-                             actual_seq_lengths_kv=kv_seq_len)``; MLA unchanged
+GitHub main a50184e          same; ``decode_attention`` gains ``q_seq_len`` and quantised-KV arguments and
+(0.2.8, 2026-07)             defaults to ``npu.npu_fused_infer_attention_score(..., input_layout="TND",
+                             actual_seq_lengths_kv=kv_seq_len)``; MLA ``atb._npu_paged_attention_mla``;
+                             while dlinfer's runner captures below torch_npu 2.8.0.post1, ATB paged
+                             attention inside a task group (``GraphParams``, ``update_attn_params``);
+                             ``attention`` imports ``AscendGraphRunner`` (the capture flag)
+GitHub main after PR #350    same modules; FIA only: ``decode_attention`` always FIA v1 TND,
+(ae9862a1, 2026-08)          ``decode_attention_mla`` ``torch_npu.npu_fused_infer_attention_score_v2``
+                             (``BNSD_NBSD``, ``actual_seq_kvlen=kv_seq_len``); no task group, no
+                             ``GraphParams``; ``attention`` no longer imports ``AscendGraphRunner`` (the flag
+                             is read from ``ascend_cudagraph``); ``import dlinfer`` runs
+                             ``vendor.ascend.version.ensure_ascend_runtime()``
 older GitHub revisions       both defined in ``vendor.ascend.torch_npu_ops`` (no ``attention`` module)
 ===========================  ==========================================================================
 
+:func:`dlinfer_generation` tells the two 2026 generations apart by what the installed dlinfer contains (never a
+version string) and what each means for the torch_npu wheels.
+
 Also: dlinfer's MoE ``apply_mlp`` (more than 1024 experts) takes its host-sync-free path during a vendor_graph
-capture, as under dlinfer's own capture flag; and dlinfer-ascend 0.2.7, which cannot decode with lmdeploy
-0.16-0.18 at all, is refused at activation (:func:`check_installed`).
+capture, as under dlinfer's own capture flag (both generations: ``vendor.ascend.moe`` did not change in #350);
+and dlinfer-ascend 0.2.7, which cannot decode with lmdeploy 0.16-0.18 at all, is refused at activation
+(:func:`check_installed`).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import functools
+import importlib.util
 import logging
+import sys
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -45,7 +64,8 @@ FUNCTIONS = ("decode_attention", "decode_attention_mla")
 # Module -> the functions that must be bound in it once it is imported (0.2.7 and later: both;
 # torch_npu_ops of every known version binds both names, defined there or imported from attention).
 EXPECTED: dict[str, tuple[str, ...]] = {ATTENTION_MODULE: FUNCTIONS, OPS_MODULE: FUNCTIONS}
-EXPECTED_VERSIONS = "dlinfer-ascend 0.2.7 and the GitHub main branch (0.2.8)"
+EXPECTED_VERSIONS = "dlinfer-ascend 0.2.7 and the GitHub main branch (0.2.8: a50184e and after PR #350)"
+CUDAGRAPH_MODULE = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"
 _MARK = "__vendor_graph_routed__"
 # One wrapper per dlinfer function, so every module binding the function binds the same wrapper.
 _WRAPPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -111,6 +131,186 @@ def _decode_signature_problem(module: Any) -> str | None:
     return None
 
 
+# -- which dlinfer generation is here, by what it contains -----------------------------------------------------
+
+A50184E_ERA = "a50184e-era"
+POST_350 = "post-#350"
+VERSION_MODULE = "dlinfer.vendor.ascend.version"
+# ensure_ascend_runtime()'s rule, run at ``import dlinfer`` after PR #350 (dlinfer/vendor/ascend/version.py)
+POST_350_MIN_TORCH = "2.8.0"
+POST_350_MIN_TORCH_NPU = "2.8.0.post1"
+A50184E_TORCH_NPU_PINS = ">=2.3.1,<2.10.0"  # a50184e's requirements/ascend/torch.txt
+_SOURCES = {CUDAGRAPH_MODULE: "framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py",
+            VERSION_MODULE: "vendor/ascend/version.py", ATTENTION_MODULE: "vendor/ascend/attention.py"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Contents:
+    names: frozenset[str]  # what the module binds at top level
+    runner_params: tuple[str, ...] | None  # AscendGraphRunner.__init__'s parameters, where it defines the class
+
+
+def _package_root() -> Path | None:
+    """The folder of the dlinfer package this process imported or would import (nothing is imported)."""
+    live = sys.modules.get("dlinfer")
+    paths = list(getattr(live, "__path__", None) or []) if live is not None else []
+    if not paths:
+        try:
+            spec = importlib.util.find_spec("dlinfer")
+        except (ImportError, ValueError):
+            spec = None
+        paths = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(paths[0]) if paths else None
+
+
+def _contents(module_name: str, root: Path | None) -> _Contents | None:
+    """What ``module_name`` binds: the imported module's namespace when it was imported from a file, else its
+    source under ``root`` read without importing it (``import dlinfer`` needs torch_npu, and after PR #350 it
+    refuses most of them); None where neither exists."""
+    import inspect
+
+    live = sys.modules.get(module_name)
+    if live is not None and getattr(live, "__file__", None):  # (a stand-in without a file says nothing)
+        runner = vars(live).get("AscendGraphRunner")
+        params = None
+        if isinstance(runner, type) and runner.__module__ == module_name:
+            try:
+                params = tuple(inspect.signature(runner.__init__).parameters)
+            except (TypeError, ValueError):
+                params = None
+        return _Contents(frozenset(vars(live)), params)
+    if root is None:
+        return None
+    try:
+        tree = ast.parse((root / _SOURCES[module_name]).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    params = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if isinstance(node, ast.ClassDef) and node.name == "AscendGraphRunner":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    a = item.args
+                    params = tuple(p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+    return _Contents(frozenset(names), params)
+
+
+def _refused_releases(minimum: str) -> tuple[list[str], list[str]]:
+    """(generations every known release of which is below ``minimum``, the releases below it of the others)."""
+    from packaging.version import InvalidVersion, Version
+
+    from .releases import GENERATIONS, RELEASES
+
+    below: dict[str, list[str]] = {}
+    every: dict[str, int] = {}
+    for release in RELEASES:
+        every[release.generation] = every.get(release.generation, 0) + 1
+        try:
+            if Version(release.version) < Version(minimum):
+                below.setdefault(release.generation, []).append(release.version)
+        except InvalidVersion:
+            continue
+    whole = [g for g in GENERATIONS if g in below and len(below[g]) == every[g]]
+    partly = [f"{v} ({g})" for g in GENERATIONS if g in below and g not in whole for v in below[g]]
+    return whole, partly
+
+
+@dataclasses.dataclass(frozen=True)
+class DlinferGeneration:
+    """Which dlinfer generation this process would run, recognised by content (:func:`dlinfer_generation`)."""
+
+    name: str | None  # A50184E_ERA, POST_350, or None: no dlinfer here, or one neither describes
+    where: str  # the package folder read, or why there is none
+    evidence: tuple[str, ...]
+
+    def label(self) -> str:
+        if self.name is not None:
+            return self.name
+        return "none" if not self.evidence else "unrecognised (neither a50184e-era nor post-#350)"
+
+    def torch_npu(self) -> str:
+        """What this generation means for the torch_npu wheels it can run on."""
+        if self.name == POST_350:
+            whole, partly = _refused_releases(POST_350_MIN_TORCH_NPU)
+            return (f"`import dlinfer` raises RuntimeError (vendor/ascend/version.py ensure_ascend_runtime) unless "
+                    f"torch >= {POST_350_MIN_TORCH}, torch_npu >= {POST_350_MIN_TORCH_NPU} of torch's own "
+                    f"major.minor, and a callable torch.npu.NPUGraph.update: it refuses every wheel of "
+                    f"{', '.join(whole)}, and "
+                    f"{', '.join(partly)}; and any torch_npu whose major.minor differs from torch's. Its requirements "
+                    f"cap torch and torch-npu below 2.10")
+        if self.name == A50184E_ERA:
+            return (f"imports on the torch_npu its pins admit (torch-npu{A50184E_TORCH_NPU_PINS}) that has "
+                    f"torch.npu.ExternalEvent (G1 and later; a G0 wheel fails at import); its own runner refreshes "
+                    f"FIA lengths by NPUGraph.update from torch_npu {POST_350_MIN_TORCH_NPU} on, and below that "
+                    f"captures ATB paged attention in task groups (GraphParams) and refuses multi-token decode graphs")
+        if not self.evidence:
+            return "no dlinfer here: nothing refuses a torch_npu wheel"
+        return "unknown (a dlinfer neither generation describes: see the evidence)"
+
+    def refusal(self, torch_version: str, torch_npu_version: str, graph_api: bool = True) -> str | None:
+        """Why this dlinfer's import refuses torch ``torch_version`` with torch_npu ``torch_npu_version`` (a
+        release string, pre-releases included), or None. ``graph_api``: whether that torch_npu has a callable
+        ``NPUGraph.update`` (G2a and later)."""
+        from packaging.version import InvalidVersion, Version
+
+        if self.name != POST_350:
+            return None
+        try:
+            torch_v, npu_v = Version(torch_version), Version(torch_npu_version)
+        except InvalidVersion as exc:
+            return f"post-#350 dlinfer refuses an unparsable version: {exc}"
+        if torch_v < Version(POST_350_MIN_TORCH):
+            return f"post-#350 dlinfer refuses torch {torch_version} (needs >= {POST_350_MIN_TORCH})"
+        if npu_v < Version(POST_350_MIN_TORCH_NPU):
+            return f"post-#350 dlinfer refuses torch_npu {torch_npu_version} (needs >= {POST_350_MIN_TORCH_NPU})"
+        if torch_v.release[:2] != npu_v.release[:2]:
+            return (f"post-#350 dlinfer refuses torch {torch_version} with torch_npu {torch_npu_version} (their "
+                    f"major.minor must be the same)")
+        if not graph_api:
+            return f"post-#350 dlinfer refuses torch_npu {torch_npu_version}: no callable NPUGraph.update"
+        return None
+
+
+def dlinfer_generation() -> DlinferGeneration:
+    """The dlinfer generation here, recognised by what its modules contain (never a version string): the
+    a50184e-era (``ascend_cudagraph.GraphParams``: the task-group ATB path; no ``vendor.ascend.version``) or
+    post-#350 (``vendor.ascend.version.ensure_ascend_runtime``, no ``GraphParams``, ``AscendGraphRunner`` takes
+    ``is_mla``). Reads the imported modules, else their source (nothing is imported)."""
+    root = _package_root()
+    if root is None:
+        return DlinferGeneration(None, "no dlinfer package found", ())
+    cudagraph = _contents(CUDAGRAPH_MODULE, root)
+    version = _contents(VERSION_MODULE, root)
+    attention = _contents(ATTENTION_MODULE, root)
+    if cudagraph is None and version is None:
+        return DlinferGeneration(None, str(root), (f"{CUDAGRAPH_MODULE} and {VERSION_MODULE} not found",))
+    runtime_check = version is not None and "ensure_ascend_runtime" in version.names
+    graph_params = cudagraph is not None and "GraphParams" in cudagraph.names
+    is_mla = cudagraph is not None and "is_mla" in (cudagraph.runner_params or ())
+    evidence = (
+        f"{VERSION_MODULE}.ensure_ascend_runtime: {'present' if runtime_check else 'absent'}",
+        f"{CUDAGRAPH_MODULE}.GraphParams: {'present' if graph_params else 'absent'}",
+        f"AscendGraphRunner takes is_mla: {'yes' if is_mla else 'no'}",
+        f"{ATTENTION_MODULE} binds AscendGraphRunner: "
+        f"{'yes' if attention is not None and 'AscendGraphRunner' in attention.names else 'no'}",
+    )
+    if runtime_check and not graph_params and is_mla:
+        name = POST_350
+    elif graph_params and not runtime_check:
+        name = A50184E_ERA
+    else:
+        name = None
+    return DlinferGeneration(name, str(root), evidence)
+
+
 class DlinferCaptureConflict(RuntimeError):
     """dlinfer's own capture flag is set while a vendor_graph capture is running."""
 
@@ -140,8 +340,11 @@ class RouteAttention(TorchDispatchMode):
 
 
 def _dlinfer_capturing(original: Callable[..., Any]) -> bool:
-    runner = getattr(original, "__globals__", {}).get("AscendGraphRunner")
-    return bool(getattr(runner, "capturing", False))
+    """Whether dlinfer's own runner is capturing: ``AscendGraphRunner.capturing``, as the attention module binds
+    it (a50184e) or where it lives (``ascend_cudagraph``; after PR #350 ``attention`` no longer imports it)."""
+    bound = getattr(original, "__globals__", {}).get("AscendGraphRunner")
+    home = getattr(sys.modules.get(CUDAGRAPH_MODULE), "AscendGraphRunner", None)
+    return any(bool(getattr(runner, "capturing", False)) for runner in (bound, home) if runner is not None)
 
 
 def routed(original: Callable[..., Any]) -> Callable[..., Any]:
