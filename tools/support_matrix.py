@@ -213,6 +213,45 @@ def torch_npu_rows() -> list[str]:
     return rows
 
 
+def prerelease_rows() -> list[str]:
+    """Every torch_npu pre-release on PyPI: its generation as its own wheel shows it (not its release's), what
+    decides that, and its seq-len paths where they differ from the release's."""
+    from vendor_graph.vendors.ascend.paths_table import seqlen_ops
+    from vendor_graph.vendors.ascend.releases import (
+        GENERATION_FACTS,
+        GENERATIONS,
+        PRERELEASE_DECIDING,
+        PRERELEASES,
+        preceded_release,
+    )
+    from vendor_graph.vendors.ascend.seqlen import path_for
+
+    def paths(generation: str) -> list[tuple[str, str]]:
+        return [(name, path_for(GENERATION_FACTS[generation], op, overload)) for name, op, overload in seqlen_ops()]
+
+    rows = ["| torch_npu pre-release | build date | precedes | generation | what decides it (read from its wheel) "
+            "| seq-len paths |", "|---|---|---|---|---|---|"]
+    for pre in PRERELEASES:
+        release = preceded_release(pre.version)
+        mine = paths(pre.generation)
+        if release is None:
+            precedes, generation = "a release not in the table", pre.generation
+            seqlen = "; ".join(f"{name} {path}" for name, path in mine)
+            if len({path for _, path in mine}) == 1:
+                seqlen = f"{mine[0][1]} for every op"
+        else:
+            precedes = f"{release.version} ({release.generation})"
+            older = GENERATIONS.index(pre.generation) < GENERATIONS.index(release.generation)
+            generation = f"**{pre.generation}** (older than {release.version}'s)" if older else pre.generation
+            differ = [f"{name} {path} ({release.version}: {theirs})"
+                      for (name, path), (_, theirs) in zip(mine, paths(release.generation), strict=True)
+                      if path != theirs]
+            seqlen = "; ".join(differ) if differ else f"as {release.version}'s"
+        rows.append(f"| {pre.version} | {pre.build_date} | {precedes} | {generation} | "
+                    f"{'; '.join(PRERELEASE_DECIDING[pre.version])} | {seqlen} |")
+    return rows
+
+
 def torch_rows() -> list[str]:
     return [
         "| torch | what runs | verified |",
@@ -232,6 +271,8 @@ def render() -> str:
         *lmdeploy_rows(),
         "",
         *torch_npu_rows(),
+        "",
+        *prerelease_rows(),
         "",
         *torch_rows(),
         END,

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Extract torch_npu graph-API facts from the PyPI wheels into JSON manifests.
 
-torch_npu is never installed or imported: each wheel is fetched with
-``pip download --no-deps``, opened as a zip, and its Python sources are read
-with :mod:`ast`.  Only facts (names, parameters, op names, keys, indices) are
-written; no torch_npu source is stored.
+torch_npu is never installed or imported: each wheel is downloaded from the
+address PyPI's JSON API gives (and checked against its sha256), opened as a
+zip, and its Python sources are read with :mod:`ast`.  Only facts (names,
+parameters, op names, keys, indices) are written; no torch_npu source is
+stored.  Releases and pre-releases (``2.10.0rc2``) are handled alike: one wheel
+per version, chosen by the same rule (:func:`choose_wheel`).
 
 Usage (stdlib only; run with python3.11)::
 
-    python3.11 tools/torch_npu_manifest.py --versions 2.5.1 2.14.0
-    python3.11 tools/torch_npu_manifest.py --all          # every PyPI release
+    python3.11 tools/torch_npu_manifest.py --versions 2.5.1 2.14.0 2.10.0rc2
+    python3.11 tools/torch_npu_manifest.py --all          # every version on PyPI,
+                                                          # pre-releases included
+    python3.11 tools/torch_npu_manifest.py --new          # those without a manifest
     python3.11 tools/torch_npu_manifest.py --check --versions 2.4.0
     python3.11 tools/torch_npu_manifest.py --write-table  # regenerate the table
                                                           # in vendor_graph/vendors/ascend/releases.py
@@ -19,7 +23,10 @@ Usage (stdlib only; run with python3.11)::
 ``--check`` without ``--versions`` re-extracts every committed manifest; with
 ``--write-table`` it also checks that the table is up to date.  Exit status:
 0 same, 1 differences (a unified diff is printed), 2 a wheel whose code this
-extractor does not understand (extend it rather than guess).
+extractor does not understand, or a release whose facts match no generation
+(extend it rather than guess).  A pre-release whose facts match no generation
+takes the newest one it covers (:func:`classification`); the table says how it
+differs (``PRERELEASE_DECIDING``).
 
 Manifest schema (``"schema": 1``), one file per release at
 ``sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json``, written with sorted keys, a
@@ -95,8 +102,10 @@ import hashlib
 import importlib.util
 import json
 import re
-import subprocess
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -110,10 +119,15 @@ DEFAULT_MANIFESTS = ROOT / "sim" / "vendor_graph_sim" / "data" / "torch_npu_mani
 DEFAULT_MODULE = ROOT / "vendor_graph" / "vendors" / "ascend" / "releases.py"
 DEFAULT_CACHE = Path("/tmp/torch_npu_wheels")
 
-# Every torch_npu wheel up to 2.6.x is manylinux2014, from 2.7.1 on
-# manylinux_2_28 (x86_64); all 47 releases have a cp311 build.
+# The wheel read for a version is chosen from PyPI's JSON API, the same way for releases and pre-releases:
+# the first Python of PYTHONS that has an x86_64 wheel of one of PLATFORMS, then the first such platform,
+# then the file name; yanked files and sdists are never chosen.  Up to 2.6.x torch_npu builds manylinux2014,
+# from 2.7.1 on manylinux_2_28.  The 47 releases of the table and the pre-releases from 2.5.1rc1 on have a
+# cp311 build; 2.1.0rc1 … 2.4.0rc1 and the releases 2.1.0, 2.1.0.post3/post6, 2.2.0, 2.2.0.post2 and 2.3.1
+# (not in the table: `pip index versions` under Python 3.11 never listed them) stop at cp310.
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 PYTHONS = ("3.11", "3.10", "3.9", "3.12")
+PYPI_JSON = "https://pypi.org/pypi/torch-npu/json"
 
 GRAPHS = "torch_npu/npu/graphs.py"
 STREAMS = "torch_npu/npu/streams.py"
@@ -157,75 +171,128 @@ class ExtractionError(RuntimeError):
 # versions and wheels
 
 
-_VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)(?:\.post(\d+))?$")
+_VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?$")
+_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
+_FINAL = (3, 0)  # sorts after every pre-release of the same release
 
 
-def version_key(version: str) -> tuple[tuple[int, ...], int]:
-    """Sort key for the plain ``X.Y.Z[.postN]`` versions torch_npu uses."""
+def version_key(version: str) -> tuple[tuple[int, ...], tuple[int, int], int]:
+    """Sort key for the ``X.Y.Z[{a,b,rc}N][.postN]`` versions torch_npu publishes (PEP 440 order:
+    ``2.10.0rc1 < 2.10.0rc2 < 2.10.0 < 2.10.0.post2``)."""
     match = _VERSION_RE.match(version)
     if not match:
         raise ValueError(f"unsupported torch_npu version string {version!r}")
     release = tuple(int(p) for p in match.group(1).split("."))
     while len(release) > 1 and release[-1] == 0:
         release = release[:-1]
-    post = int(match.group(2)) if match.group(2) is not None else -1
-    return release, post
+    pre = (_PRE_RANK[match.group(2)], int(match.group(3))) if match.group(2) else _FINAL
+    post = int(match.group(4)) if match.group(4) is not None else -1
+    return release, pre, post
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+def is_prerelease(version: str) -> bool:
+    return version_key(version)[1] != _FINAL
 
 
-def list_pypi_versions() -> list[str]:
-    """Every torch_npu version PyPI offers (``pip index versions``)."""
-    proc = _pip("index", "versions", "torch_npu")
-    found = re.search(r"Available versions:\s*(.+)", proc.stdout)
-    text = found.group(1) if found else ""
-    if not text:  # older pip: read the list from a failed download
-        proc = _pip("download", "--no-deps", "-d", "/tmp", "torch_npu==0.0.0")
-        found = re.search(r"\(from versions: ([^)]*)\)", proc.stderr)
-        text = found.group(1) if found else ""
-    versions = [v.strip() for v in text.split(",") if v.strip()]
+def final_of(version: str) -> str:
+    """The release a pre-release precedes (``2.10.0rc2`` -> ``2.10.0``); a release itself unchanged."""
+    match = _VERSION_RE.match(version)
+    if not match:
+        raise ValueError(f"unsupported torch_npu version string {version!r}")
+    return match.group(1) if match.group(2) else version
+
+
+def _wheel_rank(filename: str) -> tuple[int, int, str] | None:
+    """Where a file stands in the choice rule (lower first), None when the rule never takes it."""
+    if not filename.endswith(".whl"):
+        return None
+    parts = filename[: -len(".whl")].split("-")
+    if len(parts) < 5:
+        return None
+    python_tags, platform_tags = parts[-3].split("."), parts[-1].split(".")
+    pythons = [i for i, p in enumerate(PYTHONS) if "cp" + p.replace(".", "") in python_tags]
+    platforms = [PLATFORMS.index(p) for p in platform_tags if p in PLATFORMS]
+    if not pythons or not platforms:
+        return None
+    return min(pythons), min(platforms), filename
+
+
+def choose_wheel(files: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one file of a version's PyPI JSON ``urls`` list that this extractor reads (None: no usable wheel)."""
+    ranked = []
+    for entry in files:
+        if entry.get("packagetype", "bdist_wheel") != "bdist_wheel" or entry.get("yanked"):
+            continue
+        rank = _wheel_rank(entry["filename"])
+        if rank is not None:
+            ranked.append((rank, entry))
+    return min(ranked, key=lambda r: r[0])[1] if ranked else None
+
+
+_PYPI: dict[str, Any] = {}
+
+
+def pypi_project(url: str = PYPI_JSON) -> dict[str, Any]:
+    """PyPI's JSON description of torch_npu (every version and its files), read once per run."""
+    if url not in _PYPI:
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            _PYPI[url] = json.load(reply)
+    return _PYPI[url]
+
+
+def list_pypi_versions(project: dict[str, Any] | None = None) -> list[str]:
+    """Every torch_npu version on PyPI that has a wheel the choice rule takes: releases and pre-releases alike
+    (``pip index versions`` lists neither pre-releases nor versions without a wheel for its own Python)."""
+    project = pypi_project() if project is None else project
+    versions = [v for v, files in project["releases"].items() if choose_wheel(files) is not None]
     if not versions:
-        raise RuntimeError(f"could not list torch_npu versions:\n{proc.stderr}")
+        raise RuntimeError("PyPI lists no torch_npu version with a usable wheel")
     return sorted(versions, key=version_key)
 
 
 def cached_wheel(cache: Path, version: str) -> Path | None:
-    """The wheel for exactly ``version`` in ``cache`` (first by name), if any."""
-    for path in sorted(cache.glob("torch_npu-*.whl")):
-        if path.name.split("-")[1] == version:
-            return path
-    return None
+    """The wheel of exactly ``version`` in ``cache`` that the choice rule prefers, if any."""
+    found = [p for p in cache.glob("torch_npu-*.whl") if p.name.split("-")[1] == version]
+    ranked = sorted((r, p) for p in found if (r := _wheel_rank(p.name)) is not None)
+    return ranked[0][1] if ranked else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def fetch_wheel(version: str, cache: Path) -> Path:
-    """Return a wheel of ``version``, downloading it into ``cache`` if needed."""
+    """The wheel of ``version`` the choice rule takes, downloaded into ``cache`` unless it is there (checked
+    against PyPI's sha256).  Without PyPI, the best cached wheel of ``version`` is used."""
     cache.mkdir(parents=True, exist_ok=True)
-    found = cached_wheel(cache, version)
-    if found:
-        return found
-    errors = []
-    for python in PYTHONS:
-        platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
-        proc = _pip(
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            python,
-            *platforms,
-            "-d",
-            str(cache),
-            "-q",
-            f"torch_npu=={version}",
-        )
+    try:
+        project = pypi_project()
+    except (urllib.error.URLError, OSError) as exc:
         found = cached_wheel(cache, version)
-        if proc.returncode == 0 and found:
+        if found:
             return found
-        errors.append(f"python {python}: {proc.stderr.strip()[-400:]}")
-    raise RuntimeError(f"no wheel for torch_npu=={version}:\n" + "\n".join(errors))
+        raise RuntimeError(f"torch_npu=={version}: no cached wheel in {cache} and PyPI unreachable ({exc})") from None
+    chosen = choose_wheel(project["releases"].get(version, []))
+    if chosen is None:
+        raise RuntimeError(f"PyPI has no wheel of torch_npu=={version} for {PYTHONS} on {PLATFORMS}")
+    path = cache / chosen["filename"]
+    if path.is_file():
+        return path
+    partial = path.with_name(path.name + ".part")
+    url = urllib.parse.urljoin(PYPI_JSON, chosen["url"])  # a mirror may answer with relative URLs
+    with urllib.request.urlopen(url, timeout=600) as reply, partial.open("wb") as out:
+        while chunk := reply.read(1 << 20):
+            out.write(chunk)
+    expected = chosen.get("digests", {}).get("sha256")
+    if expected and _sha256(partial) != expected:
+        partial.unlink()
+        raise RuntimeError(f"{chosen['filename']}: sha256 differs from PyPI's {expected}")
+    partial.rename(path)
+    return path
 
 
 # --------------------------------------------------------------------------
@@ -1188,12 +1255,41 @@ def load_module(path: Path) -> Any:
     return module
 
 
-def classify(manifest: dict[str, Any], generation_facts: dict[str, Any]) -> str:
+def _dispatched(ops: dict[str, Any]) -> dict[str, Any]:
+    """The op rules a call can reach: torch dispatches every call as ``<op>.<overload>`` (an ``OpOverload``'s
+    ``__name__`` names its overload, ``.default`` included), so an entry for a bare op name never fires."""
+    return {op: rule for op, rule in ops.items() if "." in op}
+
+
+def nearest_generation(facts: dict[str, Any], generation_facts: dict[str, Any]) -> str | None:
+    """For a pre-release whose facts match no generation: the newest generation it covers, i.e. whose every
+    fact but ``update_ops`` it has, and every op rule a call can reach with the same rule.  What it has beyond
+    that (more intercepted ops, bare-name entries) is no rule vendor_graph takes from the generation: the
+    classification lists it (:func:`deciding`)."""
+    found = None
+    for name, gen in generation_facts.items():
+        if any(facts[key] != value for key, value in gen.items() if key != "update_ops"):
+            continue
+        mine = _dispatched(facts["update_ops"])
+        if all(mine.get(op) == rule for op, rule in _dispatched(gen["update_ops"]).items()):
+            found = name
+    return found
+
+
+def classification(manifest: dict[str, Any], generation_facts: dict[str, Any]) -> tuple[str, bool]:
+    """(generation, whether the wheel's facts are exactly that generation's).
+
+    A release must match one generation exactly (else a new generation is due: ExtractionError).  A
+    pre-release is a snapshot between trains: when it matches none exactly it takes the newest generation it
+    covers (:func:`nearest_generation`)."""
     facts = facts_from_manifest(manifest)
     matches = [g for g, f in generation_facts.items() if f == facts]
     if len(matches) == 1:
-        return matches[0]
+        return matches[0], True
     if not matches:
+        near = nearest_generation(facts, generation_facts) if is_prerelease(manifest["version"]) else None
+        if near is not None:
+            return near, False
         closest = min(
             generation_facts,
             key=lambda g: sum(generation_facts[g].get(k) != v for k, v in facts.items()),
@@ -1206,17 +1302,147 @@ def classify(manifest: dict[str, Any], generation_facts: dict[str, Any]) -> str:
     raise ExtractionError(f"torch_npu {manifest['version']}: ambiguous generation {matches}")
 
 
-def render_table(rows: list[tuple[str, str, str | None, str]]) -> str:
+def classify(manifest: dict[str, Any], generation_facts: dict[str, Any]) -> str:
+    return classification(manifest, generation_facts)[0]
+
+
+# Where each generation fact is read from in a wheel, for people (deciding()); Markdown-safe.
+FACT_PLACES = {
+    "graph_api": "`NPUGraph` (`torch_npu/npu/graphs.py`)",
+    "update": "`NPUGraph.update`",
+    "auto_dispatch_capture": "`graph(auto_dispatch_capture=)`",
+    "task_group_api": "`graph_task_group_begin/end`, `graph_task_update_begin/end`",
+    "external_event": "`ExternalEvent` (`torch_npu/npu/streams.py`)",
+    "external_stream": "`ExternalStream` (`torch_npu/npu/streams.py`)",
+    "handler_registry": "update() by op handlers (`torch_npu/npu/_npugraph_handlers/`)",
+    "debug_dump": "`NPUGraph.debug_dump`",
+    "update_length_check": "update()'s length check",
+    "positional_key_guarded": "update()'s `args[i]` writes check the key",
+}
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return "`[" + ", ".join(f"{i}:{k}" for i, k in value) + "]`"
+    return f"`{value}`"
+
+
+def _ops_shown(ops: Iterable[str]) -> str:
+    """```op{,.default,.out}``` for the overloads of each op (bare name first)."""
+    families: dict[str, list[str]] = {}
+    for op in sorted(ops):
+        base, _, overload = op.partition(".")
+        families.setdefault(base, []).append(f".{overload}" if overload else "")
+    return ", ".join(f"`{base}{forms[0]}`" if len(forms) == 1 else f"`{base}{{{','.join(forms)}}}`"
+                     for base, forms in families.items())
+
+
+def facts_difference(facts: dict[str, Any], other: dict[str, Any], other_name: str) -> list[str]:
+    """How a wheel's facts differ from generation ``other_name``'s, one phrase per fact (op rules grouped)."""
+    def shown(key: str, value: Any) -> str:
+        return "no writes" if key == "positional_key_guarded" and value is None else _shown(value)
+
+    out = []
+    for key, place in FACT_PLACES.items():
+        if facts[key] != other[key]:
+            out.append(f"{place}: {shown(key, facts[key])} ({other_name}: {shown(key, other[key])})")
+    mine, theirs = facts["update_ops"], other["update_ops"]
+    extra, missing = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
+    if extra:
+        out.append(f"update() intercepts {_ops_shown(extra)} ({other_name}: no)")
+    if missing:
+        out.append(f"update() does not intercept {_ops_shown(missing)} ({other_name}: does)")
+    changed: dict[str, list[str]] = {}
+    for op in sorted(set(mine) & set(theirs)):
+        if mine[op] != theirs[op] and mine[op]["recorded_as"] is None:
+            changed.setdefault(f"records nothing ({other_name}: records it)", []).append(op)
+        elif mine[op] != theirs[op]:
+            parts = [
+                f"{field} {_shown(mine[op][field])} ({other_name}: {_shown(theirs[op][field])})"
+                for field in ("recorded_as", "kwargs", "args", "should_handle")
+                if mine[op][field] != theirs[op][field]
+            ]
+            changed.setdefault("; ".join(parts), []).append(op)
+    for text, ops in changed.items():
+        out.append(f"update() {_ops_shown(ops)}: {text}")
+    return out
+
+
+def deciding(
+    manifest: dict[str, Any], generation_facts: dict[str, Any], release_generation: str | None
+) -> list[str]:
+    """The facts of a pre-release's wheel that decide its generation, for people: where the generation is
+    older than ``release_generation`` (of the release it precedes), what it lacks of that one; else what sets
+    it apart from the generation before (G0: after); and, when the match is not exact, how it differs from its
+    own generation."""
+    facts = facts_from_manifest(manifest)
+    generation, exact = classification(manifest, generation_facts)
+    names = list(generation_facts)
+    out = []
+    if not exact:
+        own = facts_difference(facts, generation_facts[generation], generation)
+        out += [f"not exactly {generation}: {text}" for text in own]
+    against = release_generation
+    if against is None or against == generation:
+        index = names.index(generation)
+        against = names[index - 1] if index else names[index + 1]
+    out += facts_difference(facts, generation_facts[against], against)
+    return out
+
+
+def _string_lines(text: str, indent: str, width: int = 118) -> list[str]:
+    """``text`` as a Python string literal, split into implicitly joined pieces that fit ``width``."""
+    room = width - len(indent) - 3
+    pieces, current = [], ""
+    for word in re.split(r"(?<= )", text):
+        if current and len(json.dumps(current + word)) > room:
+            pieces.append(current)
+            current = ""
+        current += word
+    pieces.append(current)
+    return [indent + json.dumps(piece) for piece in pieces]
+
+
+def render_table(
+    rows: list[tuple[str, str, str | None, str]], evidence: dict[str, list[str]] | None = None
+) -> str:
+    """The generated section: ``PRERELEASES`` (the rows of pre-releases), ``PRERELEASE_DECIDING``
+    (``evidence``) and ``RELEASES`` (the rows of releases), each in version order."""
+    def row(fields: tuple[str, str, str | None, str]) -> str:
+        return "    Release(" + ", ".join(json.dumps(f) if f is not None else "None" for f in fields) + "),"
+
+    pre = [r for r in rows if is_prerelease(r[0])]
     lines = [
         TABLE_BEGIN + " (tools/torch_npu_manifest.py --write-table; do not edit)",
         "# source 'manifest': sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json, read from the",
         "# wheel; source 'research': from torch_npu's source and notes, no manifest.",
-        "RELEASES: tuple[Release, ...] = (",
+        "# Every pre-release on PyPI, classified from its own wheel: a pre-release is a snapshot of an earlier",
+        "# train than the release it precedes, often of an older generation.",
+        "PRERELEASES: tuple[Release, ...] = (",
+        *(row(r) for r in pre),
+        ")",
+        "# What decides each pre-release's generation, read from its wheel (tools/torch_npu_manifest.py deciding()):",
+        "# what it lacks of its release's generation when older, else what sets it apart from the generation before.",
+        "PRERELEASE_DECIDING: dict[str, tuple[str, ...]] = {",
     ]
-    for row in rows:
-        fields = ", ".join(json.dumps(f) if f is not None else "None" for f in row)
-        lines.append(f"    Release({fields}),")
-    lines += [")", TABLE_END]
+    for version, texts in (evidence or {}).items():
+        lines.append(f"    {json.dumps(version)}: (")
+        for text in texts:
+            pieces = _string_lines(text, " " * 8)
+            pieces[-1] += ","
+            lines += pieces
+        lines.append("    ),")
+    lines += [
+        "}",
+        "RELEASES: tuple[Release, ...] = (",
+        *(row(r) for r in rows if not is_prerelease(r[0])),
+        ")",
+        TABLE_END,
+    ]
     return "\n".join(lines)
 
 
@@ -1224,23 +1450,31 @@ def table_text(module_path: Path, manifests: Path) -> str:
     """The text ``module_path`` should have, its table rebuilt from ``manifests``.
 
     Rows come from the manifests; rows of the current table that are marked
-    ``research`` and have no manifest are kept as they are.
+    ``research`` and have no manifest are kept as they are.  Each pre-release
+    with a manifest also gets what decides its generation (:func:`deciding`).
     """
     module = load_module(module_path)
     rows: dict[str, tuple[str, str, str | None, str]] = {}
-    for release in module.RELEASES:
+    for release in (*module.RELEASES, *getattr(module, "PRERELEASES", ())):
         if release.source == "research":
             rows[release.version] = tuple(release)  # type: ignore[assignment]
+    found = {}
     for path in sorted(manifests.glob("torch_npu-*.json")):
         manifest = json.loads(path.read_text())
         version = manifest["version"]
+        found[version] = manifest
         generation = classify(manifest, module.GENERATION_FACTS)
         rows[version] = (version, generation, manifest["wheel"]["build_date"], "manifest")
+    evidence = {}
+    for version in sorted(found, key=version_key):
+        if is_prerelease(version):
+            release = rows.get(final_of(version))
+            evidence[version] = deciding(found[version], module.GENERATION_FACTS, release[1] if release else None)
     ordered = [rows[v] for v in sorted(rows, key=version_key)]
     text = module_path.read_text()
     start = text.index(TABLE_BEGIN)
     end = text.index(TABLE_END) + len(TABLE_END)
-    return text[:start] + render_table(ordered) + text[end:]
+    return text[:start] + render_table(ordered, evidence) + text[end:]
 
 
 def write_table(module_path: Path, manifests: Path) -> bool:
@@ -1259,6 +1493,8 @@ def write_table(module_path: Path, manifests: Path) -> bool:
 def _versions(args: argparse.Namespace) -> list[str]:
     if args.all:
         return list_pypi_versions()
+    if args.new:
+        return [v for v in list_pypi_versions() if not manifest_path(args.manifests, v).exists()]
     if args.versions:
         return args.versions
     if args.check:
@@ -1281,7 +1517,12 @@ def _each(versions: list[str], args: argparse.Namespace) -> Iterator[tuple[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="+", metavar="V", help="releases to extract")
-    parser.add_argument("--all", action="store_true", help="every torch_npu release on PyPI")
+    parser.add_argument(
+        "--all", action="store_true", help="every torch_npu version on PyPI, releases and pre-releases"
+    )
+    parser.add_argument(
+        "--new", action="store_true", help="the versions on PyPI (releases and pre-releases) without a manifest"
+    )
     parser.add_argument(
         "--check", action="store_true", help="re-extract and diff against the committed manifests"
     )
@@ -1295,8 +1536,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     versions = _versions(args)
+    if args.new and not versions and not args.write_table:
+        print("every torch_npu version on PyPI has a manifest", file=sys.stderr)
+        return 0
     if not versions and not args.write_table:
-        parser.error("nothing to do: give --versions, --all, --check or --write-table")
+        parser.error("nothing to do: give --versions, --all, --new, --check or --write-table")
     try:
         return _run(args, versions)
     except ExtractionError as err:

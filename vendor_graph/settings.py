@@ -257,15 +257,19 @@ def _bridge_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TorchNpuRelease(Kind):
-    """A torch_npu graph-API generation (``G5``, any case) or a release of the table (``2.9.0.post9``); the value
-    is the generation's or the release's canonical spelling."""
+    """A torch_npu graph-API generation (``G5``, any case) or a release or pre-release of the table
+    (``2.9.0.post9``, ``2.10.0rc2`` also spelled ``2.10.0.rc2``); the value is the generation's or the table's
+    canonical spelling."""
 
     @property
     def accepted(self) -> str:
-        from .vendors.ascend.releases import GENERATIONS, KNOWN_VERSIONS
+        from .vendors.ascend.releases import GENERATIONS, KNOWN_VERSIONS, PRERELEASE_VERSIONS
 
+        pre = ""
+        if PRERELEASE_VERSIONS:
+            pre = f" or pre-release from {PRERELEASE_VERSIONS[0]} to {PRERELEASE_VERSIONS[-1]}"
         return (f"a torch_npu generation ({', '.join(GENERATIONS)}) or a torch_npu release from {KNOWN_VERSIONS[0]} "
-                f"to {KNOWN_VERSIONS[-1]}")
+                f"to {KNOWN_VERSIONS[-1]}{pre}")
 
     advice = "name a generation such as G5, or a release that `vendor-graph paths` lists, such as 2.9.0.post9"
 

@@ -25,8 +25,11 @@ MODULE = ROOT / "vendor_graph" / "vendors" / "ascend" / "releases.py"
 
 av = load_by_path("_vg_test_ascend_versions", MODULE)
 tool = load_by_path("_vg_test_torch_npu_manifest", TOOL)
+# The releases; the pre-releases' manifests are checked in test_torch_npu_prereleases.py.
 MANIFEST = {
-    m["version"]: m for m in (json.loads(p.read_text()) for p in sorted(MANIFESTS.glob("torch_npu-*.json")))
+    m["version"]: m
+    for m in (json.loads(p.read_text()) for p in sorted(MANIFESTS.glob("torch_npu-*.json")))
+    if not tool.is_prerelease(m["version"])
 }
 GENERATIONS = ("G0", "G1", "G2a", "G2b", "G2c", "G3a", "G3b", "G4", "G5")
 
@@ -99,7 +102,7 @@ def test_every_generation_has_a_manifest() -> None:
 def test_table_covers_every_pypi_release_in_order() -> None:
     expected = {v: g for g, versions in RESEARCH.items() for v in versions}
     assert len(expected) == 47
-    assert av.GENERATION_BY_VERSION == expected
+    assert {v: g for v, g in av.GENERATION_BY_VERSION.items() if not av.is_prerelease(v)} == expected
     keys = [tool.version_key(v) for v in av.KNOWN_VERSIONS]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     assert set(av.GENERATION_FACTS) == set(GENERATIONS) == set(av.GENERATION_NOTES)
@@ -107,6 +110,8 @@ def test_table_covers_every_pypi_release_in_order() -> None:
 
 def test_table_agrees_with_manifests() -> None:
     for release in av.RELEASES:
+        if av.is_prerelease(release.version):
+            continue
         manifest = MANIFEST.get(release.version)
         assert (manifest is not None) == (release.source == "manifest"), release
         if manifest is None:
@@ -130,8 +135,11 @@ def test_manifests_are_canonical() -> None:
         assert tool.dumps(manifest) == text, path
         assert path == tool.manifest_path(MANIFESTS, manifest["version"])
         assert manifest["schema"] == tool.SCHEMA
-        # __version__ is the PyPI version exactly: no +git local part
-        assert manifest["version_py"]["__version__"] == manifest["version"]
+        # __version__ is the PyPI version: no +git local part; exactly for a release, while some pre-releases
+        # spell it 2.12.0.rc1
+        own = manifest["version_py"]["__version__"]
+        assert "+" not in own and av.release_of(own).version == manifest["version"], path
+        assert own == manifest["version"] or av.is_prerelease(own), path
 
 
 # -- generation_of
@@ -152,8 +160,9 @@ def test_manifests_are_canonical() -> None:
         ("2.14", "G5"),
         ("2.4.0-2", "G0"),  # PEP 440 implicit post release
         ("2.7.1.post11", "G5"),
-        ("2.9.0rc1", "G3a"),  # pre-release: the release it precedes
-        ("2.9.0rc1+local", "G3a"),
+        ("2.9.0rc1", "G2b"),  # a pre-release has its own row: 2.9.0 is G3a
+        ("2.9.0rc1+local", "G2b"),
+        ("2.12.0.rc1", "G3b"),  # that wheel's own __version__ spelling
     ],
 )
 def test_generation_of_accepts_pep440_spellings(spelling: str, generation: str) -> None:

@@ -20,14 +20,14 @@ def seqlen_ops() -> list[tuple[str, AttentionOp, str]]:
 
 
 def seqlen_path_table() -> str:
-    """Markdown: every torch_npu release on PyPI -> the seq-len update path per attention op."""
-    from .releases import GENERATION_FACTS, RELEASES
+    """Markdown: every torch_npu release and pre-release of the table -> the seq-len update path per attention op."""
+    from .releases import GENERATION_FACTS, PRERELEASES, RELEASES
     from .seqlen import path_for
 
     ops = seqlen_ops()
     lines = ["| torch_npu | generation | " + " | ".join(name for name, _, _ in ops) + " |",
              "|---|---|" + "---|" * len(ops)]
-    for release in sorted(RELEASES, key=lambda r: (r.generation, _version_key(r.version))):
+    for release in sorted((*RELEASES, *PRERELEASES), key=lambda r: (r.generation, _version_key(r.version))):
         facts = GENERATION_FACTS[release.generation]
         lines.append(f"| {release.version} | {release.generation} | "
                      + " | ".join(path_for(facts, op, overload) for _, op, overload in ops) + " |")

@@ -4,8 +4,11 @@ The graph API of torch_npu (``NPUGraph``, ``NPUGraph.update``, the task-group
 functions) follows Huawei's release trains, not the version number: e.g.
 2.7.1.post11 has the newest API while 2.8.0 is a generation behind
 2.8.0.post2.  So no ``__version__ >= X`` gate is right for every wheel.  This
-module maps every torch_npu release on PyPI to its generation (G0 … G5) and records what each generation's
-graph API offers.  The facts were read from the wheels by
+module maps the torch_npu releases on PyPI, and every pre-release there, to its
+generation (G0 … G5) and records what each generation's graph API offers.  A
+pre-release is a snapshot of an earlier train, not of the release it precedes:
+2.10.0rc2 is G3a while 2.10.0 is G3b, so each has its own row, read from its own
+wheel.  The facts were read from the wheels by
 ``tools/torch_npu_manifest.py`` (see ``sim/vendor_graph_sim/data/torch_npu_manifests/``); runtime feature
 detection remains the primary signal, this table the documented fallback.
 
@@ -21,7 +24,7 @@ GENERATIONS: tuple[str, ...] = ("G0", "G1", "G2a", "G2b", "G2c", "G3a", "G3b", "
 
 
 class Release(NamedTuple):
-    version: str  # the PyPI version, equal to torch_npu.__version__
+    version: str  # the PyPI version, = torch_npu.__version__ (some pre-releases spell theirs 2.12.0.rc1)
     generation: str
     build_date: str | None  # release train: zip date of torch_npu/version.py
     source: str  # "manifest" (read from the wheel) or "research" (research file only)
@@ -158,6 +161,104 @@ GENERATION_NOTES: dict[str, str] = {
 # BEGIN GENERATED TABLE (tools/torch_npu_manifest.py --write-table; do not edit)
 # source 'manifest': sim/vendor_graph_sim/data/torch_npu_manifests/torch_npu-<version>.json, read from the
 # wheel; source 'research': from torch_npu's source and notes, no manifest.
+# Every pre-release on PyPI, classified from its own wheel: a pre-release is a snapshot of an earlier
+# train than the release it precedes, often of an older generation.
+PRERELEASES: tuple[Release, ...] = (
+    Release("2.1.0rc1", "G0", "2023-10-16", "manifest"),
+    Release("2.2.0rc1", "G0", "2024-02-07", "manifest"),
+    Release("2.3.1rc1", "G0", "2024-06-06", "manifest"),
+    Release("2.4.0rc1", "G0", "2024-08-09", "manifest"),
+    Release("2.5.1rc1", "G0", "2024-11-08", "manifest"),
+    Release("2.6.0rc1", "G1", "2025-04-24", "manifest"),
+    Release("2.7.1rc1", "G2a", "2025-06-10", "manifest"),
+    Release("2.8.0rc1", "G2a", "2025-08-11", "manifest"),
+    Release("2.9.0rc1", "G2b", "2025-10-16", "manifest"),
+    Release("2.10.0rc1", "G3a", "2026-01-22", "manifest"),
+    Release("2.10.0rc2", "G3a", "2026-01-22", "manifest"),
+    Release("2.11.0rc1", "G3b", "2026-03-24", "manifest"),
+    Release("2.12.0rc1", "G3b", "2026-05-14", "manifest"),
+    Release("2.13.0rc1", "G5", "2026-08-10", "manifest"),
+)
+# What decides each pre-release's generation, read from its wheel (tools/torch_npu_manifest.py deciding()):
+# what it lacks of its release's generation when older, else what sets it apart from the generation before.
+PRERELEASE_DECIDING: dict[str, tuple[str, ...]] = {
+    "2.1.0rc1": (
+        "`NPUGraph` (`torch_npu/npu/graphs.py`): no (G1: yes)",
+        "`graph_task_group_begin/end`, `graph_task_update_begin/end`: no (G1: yes)",
+        "`ExternalEvent` (`torch_npu/npu/streams.py`): no (G1: yes)",
+    ),
+    "2.2.0rc1": (
+        "`NPUGraph` (`torch_npu/npu/graphs.py`): no (G1: yes)",
+        "`graph_task_group_begin/end`, `graph_task_update_begin/end`: no (G1: yes)",
+        "`ExternalEvent` (`torch_npu/npu/streams.py`): no (G1: yes)",
+    ),
+    "2.3.1rc1": (
+        "`NPUGraph` (`torch_npu/npu/graphs.py`): no (G1: yes)",
+        "`graph_task_group_begin/end`, `graph_task_update_begin/end`: no (G1: yes)",
+        "`ExternalEvent` (`torch_npu/npu/streams.py`): no (G1: yes)",
+    ),
+    "2.4.0rc1": (
+        "`NPUGraph` (`torch_npu/npu/graphs.py`): no (G1: yes)",
+        "`graph_task_group_begin/end`, `graph_task_update_begin/end`: no (G1: yes)",
+        "`ExternalEvent` (`torch_npu/npu/streams.py`): no (G1: yes)",
+    ),
+    "2.5.1rc1": (
+        "`NPUGraph` (`torch_npu/npu/graphs.py`): no (G1: yes)",
+        "`graph_task_group_begin/end`, `graph_task_update_begin/end`: no (G1: yes)",
+        "`ExternalEvent` (`torch_npu/npu/streams.py`): no (G1: yes)",
+    ),
+    "2.6.0rc1": (
+        "`NPUGraph.update`: no (G2a: yes)",
+        "`graph(auto_dispatch_capture=)`: no (G2a: yes)",
+        "update()'s length check: none (G2a: `compares_records_with_itself`)",
+        "update() does not intercept `npu_fused_infer_attention_score{,.out}` (G2a: does)",
+    ),
+    "2.7.1rc1": (
+        "not exactly G2a: update() `npu_fused_infer_attention_score`: records nothing (G2a: records it)",
+        "update() does not intercept `npu_fused_infer_attention_score.default` (G2b: does)",
+        "update() `npu_fused_infer_attention_score`: records nothing (G2b: records it)",
+    ),
+    "2.8.0rc1": (
+        "update() does not intercept `npu_fused_infer_attention_score.default` (G2b: does)",
+    ),
+    "2.9.0rc1": (
+        "`NPUGraph.debug_dump`: no (G3a: yes)",
+        "update()'s `args[i]` writes check the key: no writes (G3a: no)",
+        "update() does not intercept `_npu_paged_attention.default`, "
+        "`npu_fused_infer_attention_score_v2{,.default,.out}`, `npu_multi_head_latent_attention.out` (G3a: does)",
+        "update() `npu_fused_infer_attention_score{,.default,.out}`: kwargs `any_key` (G3a: "
+        "`existing_keys_only`); args `[]` (G3a: `[6:actual_seq_lengths_kv]`)",
+    ),
+    "2.10.0rc1": (
+        "update() by op handlers (`torch_npu/npu/_npugraph_handlers/`): no (G3b: yes)",
+        "update()'s length check: `compares_records_with_itself` (G3b: `raises_on_mismatch`)",
+        "update()'s `args[i]` writes check the key: no (G3b: yes)",
+    ),
+    "2.10.0rc2": (
+        "update() by op handlers (`torch_npu/npu/_npugraph_handlers/`): no (G3b: yes)",
+        "update()'s length check: `compares_records_with_itself` (G3b: `raises_on_mismatch`)",
+        "update()'s `args[i]` writes check the key: no (G3b: yes)",
+    ),
+    "2.11.0rc1": (
+        "update() does not intercept `npu_fusion_attention_grad_v3{,.default,.out}`, "
+        "`npu_fusion_attention_v3{,.default,.out}` (G4: does)",
+        "update() `npu_fused_infer_attention_score{,.default,.out}`: args `[6:actual_seq_lengths_kv]` (G4: "
+        "`[5:actual_seq_lengths, 6:actual_seq_lengths_kv]`)",
+        "update() `npu_fused_infer_attention_score_v2{,.default,.out}`: args `[8:actual_seq_kvlen]` (G4: "
+        "`[7:actual_seq_qlen, 8:actual_seq_kvlen]`)",
+    ),
+    "2.12.0rc1": (
+        "not exactly G3b: update() intercepts `npu_fusion_attention_grad_v3{,.default,.out}`, "
+        "`npu_fusion_attention_v3{,.default,.out}` (G3b: no)",
+        "update() `npu_fused_infer_attention_score{,.default,.out}`: args `[6:actual_seq_lengths_kv]` (G4: "
+        "`[5:actual_seq_lengths, 6:actual_seq_lengths_kv]`)",
+        "update() `npu_fused_infer_attention_score_v2{,.default,.out}`: args `[8:actual_seq_kvlen]` (G4: "
+        "`[7:actual_seq_qlen, 8:actual_seq_kvlen]`)",
+    ),
+    "2.13.0rc1": (
+        "`ExternalStream` (`torch_npu/npu/streams.py`): yes (G4: no)",
+    ),
+}
 RELEASES: tuple[Release, ...] = (
     Release("2.1.0.post8", "G0", "2024-10-29", "manifest"),
     Release("2.1.0.post10", "G0", "2025-01-04", "manifest"),
@@ -209,14 +310,14 @@ RELEASES: tuple[Release, ...] = (
 )
 # END GENERATED TABLE
 
-KNOWN_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
-GENERATION_BY_VERSION: dict[str, str] = {r.version: r.generation for r in RELEASES}
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+_FINAL = (3, 0)  # after every pre-release of the same release
 
 _PEP440 = re.compile(
     r"""
     ^\s*v?
     (?P<release>\d+(?:\.\d+)*)
-    (?:[-_.]?(?P<pre>a|alpha|b|beta|c|rc|pre|preview)[-_.]?\d*)?
+    (?:[-_.]?(?P<pre>a|alpha|b|beta|c|rc|pre|preview)[-_.]?(?P<pre_n>\d*))?
     (?P<postseg>-(?P<post_implicit>\d+)|[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?
     (?P<dev>[-_.]?dev[-_.]?\d*)?
     (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?
@@ -226,30 +327,67 @@ _PEP440 = re.compile(
 )
 
 
-def _key(version: str) -> tuple[tuple[int, ...], int] | None:
-    """(release without trailing zeros, post number or -1), ignoring pre/dev/local."""
+def _key(version: str) -> tuple[tuple[int, ...], tuple[int, int], int] | None:
+    """(release without trailing zeros, pre-release (rank, number) or after all of them, post number or -1),
+    ignoring dev and local parts: ``2.12.0.rc1``, ``2.12.0-rc1`` and ``2.12.0rc1`` are one key."""
     match = _PEP440.match(version)
     if match is None:
         return None
     release = tuple(int(part) for part in match.group("release").split("."))
     while len(release) > 1 and release[-1] == 0:
         release = release[:-1]
+    pre = _FINAL
+    if match.group("pre"):
+        pre = (_PRE_RANK[match.group("pre").lower()], int(match.group("pre_n") or 0))
     if match.group("postseg") is None:
-        return release, -1
-    return release, int(match.group("post_implicit") or match.group("post") or 0)
+        return release, pre, -1
+    return release, pre, int(match.group("post_implicit") or match.group("post") or 0)
 
 
-def _index(releases: tuple[Release, ...]) -> dict[tuple[tuple[int, ...], int], Release]:
+KNOWN_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)  # the releases, in version order
+PRERELEASE_VERSIONS: tuple[str, ...] = tuple(r.version for r in PRERELEASES)  # the pre-releases, likewise
+GENERATION_BY_VERSION: dict[str, str] = {r.version: r.generation for r in (*RELEASES, *PRERELEASES)}
+
+
+def _index() -> dict[tuple[tuple[int, ...], tuple[int, int], int], Release]:
     index = {}
-    for release in releases:
-        key = _key(release.version)
-        if key is None or key in index:
-            raise RuntimeError(f"bad or duplicate torch_npu release in the table: {release}")
-        index[key] = release
+    for pre, rows in ((False, RELEASES), (True, PRERELEASES)):
+        for release in rows:
+            key = _key(release.version)
+            if key is None or key in index:
+                raise RuntimeError(f"bad or duplicate torch_npu release in the table: {release}")
+            if (key[1] != _FINAL) != pre:
+                raise RuntimeError(f"torch_npu {release.version}: a pre-release belongs in PRERELEASES, only there")
+            index[key] = release
     return index
 
 
-_BY_KEY = _index(RELEASES)
+_BY_KEY = _index()
+
+
+def is_prerelease(version: str) -> bool:
+    """Whether a torch_npu version string names a pre-release (``a``/``b``/``rc``); ValueError if it is no
+    PEP 440 version."""
+    key = _key(version) if isinstance(version, str) else None
+    if key is None:
+        raise ValueError(f"{version!r} is not a PEP 440 version string")
+    return key[1] != _FINAL
+
+
+def preceded_release(version: str) -> Release | None:
+    """The row of the release a pre-release precedes (``2.10.0rc2`` -> ``2.10.0``), None when that release is
+    not in the table; ValueError for a version that is no pre-release."""
+    key = _key(version) if isinstance(version, str) else None
+    if key is None or key[1] == _FINAL:
+        raise ValueError(f"{version!r} is not a torch_npu pre-release")
+    return _BY_KEY.get((key[0], _FINAL, -1))
+
+
+def _covered() -> str:
+    pre = (f" and PyPI's {len(PRERELEASE_VERSIONS)} pre-releases ({PRERELEASE_VERSIONS[0]} to "
+           f"{PRERELEASE_VERSIONS[-1]})" if PRERELEASE_VERSIONS else "")
+    return (f"{len(KNOWN_VERSIONS)} releases from {KNOWN_VERSIONS[0]} to {KNOWN_VERSIONS[-1]}{pre} "
+            f"({GENERATIONS[0]}..{GENERATIONS[-1]})")
 
 
 def release_of(version: str) -> Release:
@@ -257,10 +395,15 @@ def release_of(version: str) -> Release:
 
     Accepts any PEP 440 spelling of a PyPI release: ``2.8.0.post2``,
     ``2.8.0-post2``, ``2.8.0post2``, ``v2.8.0.post2``, and a local part such as
-    ``2.8.0.post2+git729dda3`` or ``2.12.0+cpu`` (ignored).  A pre-release
-    (``2.9.0rc1``, ``a``/``b``) maps to the release it precedes; torch_npu has
-    published none on PyPI, so that is an assumption: prefer runtime detection.
-    Development builds (``.devN``) and versions not on PyPI raise ValueError.
+    ``2.8.0.post2+git729dda3`` or ``2.12.0+cpu`` (ignored).  A pre-release has
+    its own row, read from its own wheel (``2.10.0rc2``, also spelled
+    ``2.10.0.rc2`` or ``2.10.0-rc2``; some wheels' ``__version__`` is
+    ``2.12.0.rc1``): torch_npu has published pre-releases on PyPI
+    (:data:`PRERELEASE_VERSIONS`), and each is a snapshot of an earlier train
+    than the release it precedes, often of an older generation (2.10.0rc2 is
+    G3a, 2.10.0 G3b).  So a pre-release not on PyPI is not mapped to its
+    release but raises ValueError, as do development builds (``.devN``) and
+    other versions not on PyPI.
     """
     if not isinstance(version, str):
         raise TypeError(f"torch_npu version must be a str, not {type(version).__name__}")
@@ -274,20 +417,24 @@ def release_of(version: str) -> Release:
             "looked up by version: detect the features at runtime instead"
         )
     release = _BY_KEY.get(key)
+    if release is None and key[1] != _FINAL:
+        raise ValueError(
+            f"torch_npu {version!r} is a pre-release that is not on PyPI: the table covers {_covered()}. "
+            "A pre-release is a snapshot of an earlier train than the release it precedes (2.10.0rc2 is G3a, "
+            "2.10.0 G3b), so its generation is not its release's: detect the graph API at runtime, or add it "
+            "with `python3.11 tools/torch_npu_manifest.py --versions V --write-table`"
+        )
     if release is None:
         raise ValueError(
-            f"torch_npu {version!r} is not a known PyPI release: the table covers "
-            f"{len(RELEASES)} releases from {KNOWN_VERSIONS[0]} to {KNOWN_VERSIONS[-1]} "
-            f"({GENERATIONS[0]}..{GENERATIONS[-1]}); versions never published on PyPI "
-            "(e.g. 2.8.0.post1) are not covered. Detect the graph API at runtime, or add "
-            "the release with `python3.11 tools/torch_npu_manifest.py --versions V "
-            "--write-table`"
+            f"torch_npu {version!r} is not a known PyPI release: the table covers {_covered()}; versions "
+            "never published on PyPI (e.g. 2.8.0.post1) are not covered. Detect the graph API at runtime, or add "
+            "the release with `python3.11 tools/torch_npu_manifest.py --versions V --write-table`"
         )
     return release
 
 
 def generation_of(version: str) -> str:
-    """Graph-API generation (``"G0"`` … ``"G5"``) of a torch_npu version string."""
+    """Graph-API generation (``"G0"`` … ``"G5"``) of a torch_npu version string (a release or a pre-release)."""
     return release_of(version).generation
 
 
