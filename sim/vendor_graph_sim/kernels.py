@@ -303,9 +303,11 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
     """FIA semantics shared by v1 and v2.
 
     Layouts: ``BSH`` query ``(B, S, N*D)``, ``BSND`` ``(B, S, N, D)`` (``q_lens``: per-row query
-    lengths, default S) and ``TND`` ``(T, N, D)`` (``q_lens``: cumulative query ends, required; paged
-    only). Paged (``block_table`` given): key/value are the caches, ``(blocks, block_size, KVH*D)`` or
-    ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths (default: all positions).
+    lengths, default S) and ``TND`` ``(T, N, D)`` (``q_lens``: cumulative query ends, required; not
+    paged, key/value are packed ``(T, KVH, D)`` too and ``kv_lens`` their cumulative ends, as post-#350
+    dlinfer's FIA prefill passes them). Paged (``block_table`` given): key/value are the caches,
+    ``(blocks, block_size, KVH*D)`` or ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths
+    (default: all positions).
     ``sparse_mode`` 0: ``atten_mask`` (True = masked) and the ``pre_tokens``/``next_tokens`` band
     apply; 3: causal aligned at the bottom right (query row ``i`` of a sequence sees KV positions
     ``j <= i + kv_len - q_len``), ``atten_mask`` being the compressed 2048 x 2048 template (its shape and
@@ -321,8 +323,6 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
     num_kv_heads = num_kv_heads or num_heads
     device = query.device
     if layout == "TND":
-        if block_table is None:
-            raise NotImplementedError("emulated FIA: TND is supported for paged KV (block_table) only")
         starts, per_row = _tnd_rows(q_lens, query.shape[0])
         b, s = len(per_row), max(per_row, default=0) or 1
         valid, pick = _packed_rows(starts, per_row, s, device)
@@ -342,7 +342,20 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
         ql = _host_lengths(q_lens, b, s, "actual_seq_lengths").to(device).clamp(max=s)
 
     kv_values = None if kv_lens is None else _host_length_values(kv_lens, b, "actual_seq_lengths_kv")
-    if block_table is not None:
+    if layout == "TND" and block_table is None:  # packed keys too: actual_seq_lengths_kv are cumulative ends
+        kv_starts, kv_values = _tnd_rows(kv_lens, key.shape[0])
+        if len(kv_values) != b:
+            raise ValueError(f"TND actual_seq_lengths_kv has {len(kv_values)} entries for {b} query sequences")
+        width = max(kv_values, default=0) or 1
+        _, kv_pick = _packed_rows(kv_starts, kv_values, width, device)
+
+        def packed(x: Tensor) -> Tensor:
+            return x.reshape(x.shape[0], num_kv_heads, -1).index_select(0, kv_pick).reshape(b, width, num_kv_heads, -1)
+
+        k, v = packed(key), packed(value)
+        if key_rope is not None:
+            k = torch.cat((k, packed(key_rope).to(k.dtype)), dim=-1)
+    elif block_table is not None:
         if block_size <= 0:
             raise ValueError("paged FIA (block_table given) needs block_size > 0")
         longest = None if kv_values is None else max(kv_values, default=0)
