@@ -225,7 +225,9 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
     ``executor="mp"`` (and every ``tp`` > 1) runs the model in processes lmdeploy spawns: they see the simulated
     NPU through the switch's environment, vendor_graph activates itself in them (its autoload), and what their
     runners did comes from the stats file each rank writes at exit (:attr:`EngineRun.ranks`; rank 0's in the
-    other fields)."""
+    other fields). With ``tp`` > 1 each worker selects its card (``set_device(rank)``) and lmdeploy's device groups
+    are the simulator's ``hccl`` (:mod:`.device._hccl`, over gloo on loopback, captured into the graphs), beside
+    lmdeploy's own gloo CPU groups."""
     import lmdeploy
     import torch
     from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
@@ -351,6 +353,37 @@ def install_bridges_alone() -> Any:
     return names
 
 
+#: How long :func:`main` lets its runs take before it ends the process (``--timeout``).
+TIMEOUT_S = 900.0
+
+
+def _watchdog(seconds: float) -> Any:
+    """End this process with status 124 and a message (and every thread's stack) when the runs have not finished
+    within ``seconds``, after terminating the worker processes lmdeploy spawned: lmdeploy's engine waits for its
+    workers without a bound, and a worker whose forward loop failed (lmdeploy keeps the failed task's exception to
+    itself; the worker lives on, idle) or a collective that never completes would otherwise hold it forever."""
+    import faulthandler
+    import multiprocessing
+    import os
+    import sys
+    import threading
+
+    def expire() -> None:
+        print(f"vendor_graph_sim.engine: the runs did not finish within {seconds:g} s: an engine is hung (a "
+              "worker's forward loop may have failed inside lmdeploy, which does not report it, or a collective "
+              "never completed); ending it and its workers. The threads of this process:", file=sys.stderr,
+              flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        for child in multiprocessing.active_children():
+            child.kill()  # a worker held in a collective would not take SIGTERM (lmdeploy's handler) before it ends
+        os._exit(124)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m vendor_graph_sim.engine OUT.json [--models ...] [--cases ...] [--runner ...]``: eager and graph
     runs of each model and case in this process, as a user's script runs them: ``import vendor_graph.ascend``
@@ -372,9 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="lmdeploy's distributed_executor_backend: mp runs the model in spawned workers")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (mp executor)")
     parser.add_argument("--eager-tp", type=int, default=None, help="ranks of the eager run (default --tp)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                        help="seconds the runs may take before the process ends with status 124 (a hang)")
     parser.add_argument("--runner", choices=sorted(RUNNERS), default="vendor_graph",
                         help="; ".join(f"{k}: {v}" for k, v in RUNNERS.items()))
     args = parser.parse_args(argv)
+    watchdog = _watchdog(args.timeout)
     switch_on(os.environ.get("VENDOR_GRAPH_SIM", "").strip() or "G5")
     if args.runner == "vendor_graph":
         importlib.import_module("vendor_graph.ascend")  # the user's `import vendor_graph.ascend`, before lmdeploy
@@ -408,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lmdeploy": lmdeploy.__version__, "torch_npu": torch_npu.__version__,
         "simulated": os.environ.get(boot.ENV, "G5"), "runner": args.runner, "bridges": applied(),
         "results": results}, indent=1))
+    watchdog.cancel()
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -49,8 +49,9 @@ def install(device: str = "npu") -> types.ModuleType:
 
     Idempotent. After it, ``torch.zeros(3, device="npu")`` is a :class:`SimTensor` on ``npu:0`` and
     ``torch.npu`` is the simulated device module (the newest torch_npu generation's API; see
-    :func:`use_torch_npu` for a specific one). Refused when a real torch_npu is loaded, or when another
-    PrivateUse1 backend name is already in use.
+    :func:`use_torch_npu` for a specific one); torch.distributed has the ``hccl`` backend for it
+    (:mod:`._hccl`). Refused when a real torch_npu is loaded, or when another PrivateUse1 backend name is
+    already in use.
     """
     if _INSTALLED:
         if _INSTALLED["device"] != device:
@@ -84,6 +85,9 @@ def install(device: str = "npu") -> types.ModuleType:
         lib.impl(qualified, _factory_kernel(op, name in _ALLOCATION_ONLY, qualified), "PrivateUse1")
     lib.impl("_copy_from", _tensor._h_copy_from_kernel, "PrivateUse1")
     _INSTALLED.update(device=device, module=module, lib=lib)
+    from . import _hccl
+
+    _hccl.register()  # torch.distributed's "hccl" (lmdeploy's device groups on Ascend), over gloo
     return module
 
 

@@ -153,10 +153,48 @@ def _on_npu(fn: Callable[..., Any], positional: bool) -> Callable[..., Any]:
     return on_npu
 
 
+def hccl_backend(backend: Any) -> Any:
+    """A torch.distributed ``backend`` argument with ``nccl`` named as ``hccl`` (``"cpu:gloo,cuda:nccl"`` too)."""
+    if isinstance(backend, str) and "nccl" in backend.lower():
+        return backend.lower().replace("cuda:", "npu:").replace("nccl", "hccl")
+    return backend
+
+
+def _nccl_as_hccl(fn: Callable[..., Any], position: int) -> Callable[..., Any]:
+    """``fn`` (``init_process_group``, ``new_group``) with its ``backend`` (keyword or at ``position``) on hccl."""
+
+    def on_hccl(*args: Any, **kwargs: Any) -> Any:
+        if "backend" in kwargs:
+            kwargs["backend"] = hccl_backend(kwargs["backend"])
+        elif len(args) > position:
+            args = (*args[:position], hccl_backend(args[position]), *args[position + 1:])
+        return fn(*args, **kwargs)
+
+    on_hccl.__name__ = getattr(fn, "__name__", "on_hccl")
+    on_hccl.__qualname__ = getattr(fn, "__qualname__", on_hccl.__name__)
+    on_hccl.__doc__ = getattr(fn, "__doc__", None)
+    on_hccl.__wrapped__ = fn  # type: ignore[attr-defined]
+    return on_hccl
+
+
+def _no_cuda_capability(device: Any = None) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` under transfer_to_npu: (0, 0), as the NPU has no CUDA compute capability
+    (its device properties have no major/minor). torch 2.13's ``dist.broadcast`` probes it for every tensor whose
+    ``is_cuda`` is true, which transfer_to_npu makes every NPU tensor; torch's own would read ``major`` None."""
+    return (0, 0)
+
+
+# torch.distributed functions taking a backend, and its position: lmdeploy asks the backend of the device context
+# it is in, which is 'cuda' (nccl) when its worker joins the default group
+_DISTRIBUTED_BACKEND_ARGS = (("init_process_group", 0), ("new_group", 2))
+
+
 class CudaRedirect:
     """``transfer_to_npu``: torch.cuda's attributes that the simulated torch.npu also has, pointed at it, and a
     ``cuda`` device given to torch's factories, ``Tensor.to`` / ``new_*`` / ``cuda()`` / ``is_cuda`` and
-    ``Module.to`` / ``cuda()`` taken as the NPU (what lmdeploy's ``device='cuda'`` startup check needs)."""
+    ``Module.to`` / ``cuda()`` taken as the NPU (what lmdeploy's ``device='cuda'`` startup check needs), and
+    torch.distributed's ``nccl`` backend taken as ``hccl`` (:mod:`._hccl`) in ``init_process_group`` and
+    ``new_group`` (lmdeploy's tensor-parallel workers ask for nccl when they join the default group)."""
 
     def __init__(self, npu: types.ModuleType) -> None:
         self.npu = npu
@@ -178,6 +216,10 @@ class CudaRedirect:
                 for name in _MODULE_DEVICE_METHODS]
         out += [(torch.Tensor, "cuda", torch.Tensor.npu), (torch.Tensor, "is_cuda", torch.Tensor.is_npu),
                 (torch.nn.Module, "cuda", torch.nn.Module.npu)]
+        out.append((torch.cuda, "get_device_capability", _no_cuda_capability))
+        if torch.distributed.is_available():
+            out += [(torch.distributed, name, _nccl_as_hccl(getattr(torch.distributed, name), position))
+                    for name, position in _DISTRIBUTED_BACKEND_ARGS]
         return out
 
     def apply(self) -> None:

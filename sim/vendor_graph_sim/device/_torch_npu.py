@@ -162,10 +162,22 @@ def _mem_get_info(device: Any = None) -> tuple[int, int]:
     return (64 << 30, 64 << 30)
 
 
+#: Cards of the simulated machine a process may select: lmdeploy's tensor-parallel worker k calls set_device(k). Each
+#: process simulates only the card it uses, as its single device (index 0: ``npu:0``, ``current_device() == 0``).
+MACHINE_CARDS = 8
+
+
 def _set_device(device: Any) -> None:
     index = device.index if isinstance(device, torch.device) else device
-    if index not in (None, 0) and not (isinstance(index, str) and index.endswith(":0")):
-        raise RuntimeError(f"the simulator has a single device (index 0), got {device!r}")
+    if isinstance(index, str) and ":" in index:
+        index = index.rsplit(":", 1)[1]
+    try:
+        card = None if index is None else int(index)
+    except (TypeError, ValueError):
+        card = -1
+    if card is not None and not 0 <= card < MACHINE_CARDS:
+        raise RuntimeError(f"the simulated machine has {MACHINE_CARDS} cards (0-{MACHINE_CARDS - 1}), got {device!r}; "
+                           "each process simulates the one it selects as its single device")
 
 
 def _common_functions(device_type: str) -> dict[str, Any]:
