@@ -305,8 +305,10 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
     Layouts: ``BSH`` query ``(B, S, N*D)``, ``BSND`` ``(B, S, N, D)`` (``q_lens``: per-row query
     lengths, default S) and ``TND`` ``(T, N, D)`` (``q_lens``: cumulative query ends, required; not
     paged, key/value are packed ``(T, KVH, D)`` too and ``kv_lens`` their cumulative ends, as post-#350
-    dlinfer's FIA prefill passes them). Paged (``block_table`` given): key/value are the caches,
-    ``(blocks, block_size, KVH*D)`` or ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths
+    dlinfer's FIA prefill passes them), and ``BNSD`` / ``BNSD_NBSD`` ``(B, N, S, D)`` (as BSND; paged caches
+    ``(blocks, KVH, block_size, D)``; ``BNSD_NBSD`` returns ``(N, B, S, Dv)``: post-#350 dlinfer's MLA decode).
+    Paged (``block_table`` given): key/value are the caches, ``(blocks, block_size, KVH*D)`` or
+    ``(blocks, block_size, KVH, D)``. ``kv_lens``: per-row KV lengths
     (default: all positions).
     ``sparse_mode`` 0: ``atten_mask`` (True = masked) and the ``pre_tokens``/``next_tokens`` band
     apply; 3: causal aligned at the bottom right (query row ``i`` of a sequence sees KV positions
@@ -314,8 +316,15 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
     dtype are checked; its contents are not read).
     Returns the output in the query's layout and the LSE ``(B, N, S, 1)`` (``(T, N, 1)`` for TND).
     """
-    if layout not in ("BSH", "BSND", "TND"):
-        raise NotImplementedError(f"emulated FIA supports input_layout BSH, BSND and TND, not {layout!r}")
+    if layout not in ("BSH", "BSND", "TND", "BNSD", "BNSD_NBSD"):
+        raise NotImplementedError(f"emulated FIA supports input_layout BSH, BSND, TND, BNSD and BNSD_NBSD, "
+                                  f"not {layout!r}")
+    bnsd = layout.startswith("BNSD")
+    if bnsd:  # (B, N, S, D) in, as BSND; paged caches (blocks, KVH, block_size, D), as (blocks, block_size, KVH, D)
+        query = query.transpose(1, 2)
+        query_rope = None if query_rope is None else query_rope.transpose(1, 2)
+        key, value = key.transpose(1, 2), value.transpose(1, 2)
+        key_rope = None if key_rope is None else key_rope.transpose(1, 2)
     if sparse_mode not in (0, 3):
         raise NotImplementedError(f"emulated FIA supports sparse_mode 0 and 3, not {sparse_mode}")
     if sparse_mode == 3:
@@ -403,10 +412,15 @@ def _fia_core(query: Tensor, key: Tensor, value: Tensor, *, query_rope: Tensor |
             result.index_copy_(0, dst, out.reshape(b * s, num_heads, dv).index_select(0, src))
             lse_t.index_copy_(0, dst, lse.transpose(1, 2).reshape(b * s, num_heads, 1).index_select(0, src))
         return result, lse_t
+    if bnsd:  # BNSD_NBSD: (N, B, S, Dv) out
+        return (out.permute(2, 0, 1, 3) if layout == "BNSD_NBSD" else out.transpose(1, 2)), lse.unsqueeze(-1)
     return (out.reshape(b, s, -1) if layout == "BSH" else out), lse.unsqueeze(-1)
 
 
 def _fia_out_shape(query: Tensor, value: Tensor, num_heads: int, num_kv_heads: int, layout: str) -> tuple[int, ...]:
+    if layout.startswith("BNSD"):
+        b, n, s, dv = query.shape[0], query.shape[1], query.shape[2], value.shape[-1]
+        return (n, b, s, dv) if layout == "BNSD_NBSD" else (b, n, s, dv)
     b, s = query.shape[:2]
     num_kv_heads = num_kv_heads or num_heads
     dv = value.shape[-1] if value.dim() == 4 else value.shape[-1] // num_kv_heads
@@ -418,6 +432,8 @@ def _fia_out_shape(query: Tensor, value: Tensor, num_heads: int, num_kv_heads: i
 def _lse_shape(query: Tensor, num_heads: int, flag: bool, layout: str) -> tuple[int, ...]:
     if not flag:
         return (1,)
+    if layout.startswith("BNSD"):
+        return (query.shape[0], num_heads, query.shape[2], 1)
     return (query.shape[0], num_heads, 1) if layout == "TND" else (query.shape[0], num_heads, query.shape[1], 1)
 
 
@@ -425,17 +441,18 @@ _FIA_V1_KWARGS = (
     "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
     "SymInt[]? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, "
     "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
-    "int num_key_value_heads=0, int sparse_mode=0, int block_size=0, bool softmax_lse_flag=False"
+    "int num_key_value_heads=0, int sparse_mode=0, int block_size=0, bool softmax_lse_flag=False, "
+    "Tensor? query_rope=None, Tensor? key_rope=None"
 )
 
 
 def _fia_v1(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
             actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
             next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
-            softmax_lse_flag=False):
+            softmax_lse_flag=False, query_rope=None, key_rope=None):
     if pse_shift is not None:
         raise NotImplementedError("emulated FIA: pse_shift is not supported")
-    out, lse = _fia_core(query, key, value, query_rope=None, key_rope=None, atten_mask=atten_mask,
+    out, lse = _fia_core(query, key, value, query_rope=query_rope, key_rope=key_rope, atten_mask=atten_mask,
                          q_lens=actual_seq_lengths, kv_lens=actual_seq_lengths_kv, block_table=block_table,
                          num_heads=num_heads, num_kv_heads=num_key_value_heads, scale=scale, layout=input_layout,
                          sparse_mode=sparse_mode, block_size=block_size, pre_tokens=pre_tokens,
@@ -446,8 +463,9 @@ def _fia_v1(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_le
 def _fia_v1_out(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
                 actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
                 next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
-                softmax_lse_flag=False, workspace=None, attention_out, softmax_lse):
-    out, lse = _fia_v1(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                softmax_lse_flag=False, query_rope=None, key_rope=None, workspace=None, attention_out, softmax_lse):
+    out, lse = _fia_v1(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, query_rope=query_rope,
+                       key_rope=key_rope,
                        actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
                        block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
                        next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
@@ -461,7 +479,7 @@ def _fia_v1_out(query, key, value, *, pse_shift=None, atten_mask=None, actual_se
 def _fia_v1_fake(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
                  actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=_INT_MAX,
                  next_tokens=_INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
-                 softmax_lse_flag=False):
+                 softmax_lse_flag=False, query_rope=None, key_rope=None):
     shape = _fia_out_shape(query, value, num_heads, num_key_value_heads, input_layout)
     return query.new_empty(shape), query.new_empty(_lse_shape(query, num_heads, softmax_lse_flag, input_layout),
                                                    dtype=torch.float32)

@@ -6,8 +6,9 @@ No whole snapshot of it exists: :func:`vendor_graph_sim.overlay.overlaid` lays t
 (``../shared/third_party/dlinfer_pr350``) over a copy of the a50184e tree (the dlinfer of
 ``VENDOR_GRAPH_DLINFER_SRC``, else the snapshot beside the clone), and that copy is the dlinfer each child runs.
 Its runtime check wants torch and torch_npu of one major.minor: torch here is 2.13, so the simulated torch_npu is
-:data:`RELEASE` (G5). Release-independent in what it checks of vendor_graph: once per run, on the last lmdeploy
-release, in the part of the real-stack leg that runs G5.
+:data:`RELEASE` (G5). Llama runs through lmdeploy's pipeline, DeepSeek-V2 (MLA, whose decode is FIA v2 after #350)
+step by step through the real stack. Release-independent in what it checks of vendor_graph: once per run, on the
+last lmdeploy release, in the part of the real-stack leg that runs G5.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from once_per_run import newest_release_only
 from vendor_graph_sim import overlay
 
 from vendor_graph.vendors.ascend import dlinfer_adapter, releases
+from vendor_graph.vendors.ascend.seqlen import FIA_V2, path_for
 
 RELEASE = "2.13.0"  # torch 2.13's own torch_npu (G5): what post-#350 dlinfer's runtime check accepts here
 REFUSED = {"G2a": "Unsupported torch-npu version", "2.12.0.post3": "must use the same major.minor"}
@@ -201,7 +203,12 @@ def test_engine_dlinfers_pr350_prefill_layout_of_the_emulated_fia(sparse_mode):
         q, k, v, query_rope=q_rope, key_rope=k_rope, atten_mask=mask, actual_seq_qlen=ends, actual_seq_kvlen=ends,
         num_query_heads=heads, num_key_value_heads=kv_heads, softmax_scale=0.5, input_layout="TND",
         sparse_mode=sparse_mode)
-    for result, qq, kk in ((out, q, k), (v2, torch.cat((q, q_rope), -1), torch.cat((k, k_rope), -1))):
+    v1_rope, _ = torch.ops.npu.npu_fused_infer_attention_score(  # MLA prefill: v1 with the rope parts apart
+        q, k, v, query_rope=q_rope, key_rope=k_rope, atten_mask=mask, actual_seq_lengths=ends,
+        actual_seq_lengths_kv=ends, num_heads=heads, scale=0.5, input_layout="TND", num_key_value_heads=kv_heads,
+        sparse_mode=sparse_mode)
+    with_rope = (torch.cat((q, q_rope), -1), torch.cat((k, k_rope), -1))
+    for result, qq, kk in ((out, q, k), (v2, *with_rope), (v1_rope, *with_rope)):
         start = 0
         for n in lens:
             rows = slice(start, start + n)
@@ -213,3 +220,48 @@ def test_engine_dlinfers_pr350_prefill_layout_of_the_emulated_fia(sparse_mode):
             expected = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
             torch.testing.assert_close(result[rows].double(), expected, rtol=1e-5, atol=1e-5)
             start += n
+
+
+def test_engine_dlinfers_pr350_mla_decodes_in_graph_mode_identically_to_eager(post_350, tmp_path):
+    """lmdeploy's DeepSeek-V2 (MLA) step by step (vendor_graph_sim.realstack), post-#350 dlinfer: its MLA decode is
+    FIA v2 with ``actual_seq_kvlen``; graph mode equals eager (hidden states, tokens, KV cache) and every graph
+    refreshes its lengths on FIA v2's path of vendor_graph's table for G5."""
+    out = tmp_path / "mla.json"
+    env = {k: v for k, v in child_env(post_350, RELEASE).items() if k != "VENDOR_GRAPH_SIM"}
+    proc = subprocess.run([sys.executable, "-m", "vendor_graph_sim.realstack", RELEASE, str(out), "lmdeploy-mla",
+                           "--steps", "8"], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result.get("dlinfer_import_error") is None, result["dlinfer_import_error"]
+    (r,) = result["records"]
+    assert r["parity"], r["mismatches"][:5]
+    assert r["steps"] == 8 and r["tokens"] > 8 and r["graph_replays"] > 0, r
+    assert set(r["eager_reasons"]) <= {"not a decode step"} and r["prefill"] == "prefill", r
+    assert r["seqlen_paths"] == [path_for(releases.GENERATION_FACTS[releases.release_of(RELEASE).generation], FIA_V2)]
+
+
+def test_engine_dlinfers_pr350_mla_decode_layout_of_the_emulated_fia_v2():
+    """post-#350 dlinfer's MLA decode: FIA v2 in BNSD_NBSD over the paged cache seen as (blocks, KVH, block_size,
+    D), rope parts apart; the emulated kernel gives what it gives the same call in BSND over (blocks, block_size,
+    KVH, D)."""
+    import torch
+    from vendor_graph_sim import kernels  # noqa: F401  (registers the emulated operators)
+
+    g = torch.Generator().manual_seed(1)
+    batch, heads, nope, rope, bs, blocks = 3, 4, 16, 8, 4, 9
+    q_nope, q_rope = torch.randn(batch, heads, 1, nope, generator=g), torch.randn(batch, heads, 1, rope, generator=g)
+    cache = torch.randn(blocks, bs, 1, nope + rope, generator=g)
+    table = torch.tensor([[1, 2, 3], [4, 5, 0], [6, 7, 8]], dtype=torch.int32)
+    kv = [9, 2, 12]
+    common = dict(num_query_heads=heads, num_key_value_heads=1, softmax_scale=0.25, block_table=table, block_size=bs,
+                  actual_seq_kvlen=kv)
+    permuted = cache.permute(0, 2, 1, 3)
+    got, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+        q_nope, permuted[..., :nope], permuted[..., :nope], query_rope=q_rope, key_rope=permuted[..., nope:],
+        input_layout="BNSD_NBSD", **common)
+    want, _ = torch.ops.npu.npu_fused_infer_attention_score_v2(
+        q_nope.transpose(1, 2), cache[..., :nope], cache[..., :nope], query_rope=q_rope.transpose(1, 2),
+        key_rope=cache[..., nope:], input_layout="BSND", **common)
+    assert got.shape == (heads, batch, 1, nope)
+    torch.testing.assert_close(got, want.permute(2, 0, 1, 3))
+    assert not torch.equal(got[:, 0], got[:, 1])
