@@ -1,12 +1,13 @@
 """The simulator's ``hccl`` process-group backend (lmdeploy's device groups on Ascend), over gloo on loopback.
 
-Two ranks (processes) run collectives on simulated NPU tensors eagerly, after queued work (``eager_drain`` off),
-and inside a captured graph: the capture runs nothing and each replay runs the collective again on the contents
-its tensors have then, so two replays with new contents give new, right results on both ranks. A collective
-that the ranks issue with different sizes, or with a dead peer, fails on the living ranks within the group's
-bound (never hangs: gloo's own check of mismatched buffers would abort the process), and so does one a peer never
-issues (lmdeploy asks for a 35600-day timeout; the group caps it). In this process: a
-single-rank group for what needs no peer (stream order, the capture rules, refusals).
+Two ranks (processes) run collectives on simulated NPU tensors eagerly (asynchronous to the host: a rank's
+collective returns before its peer issues its own, and the stream's later work waits for it), after queued work
+(``eager_drain`` off), and inside a captured graph: the capture runs nothing and each replay runs the collective
+again on the contents its tensors have then, so two replays with new contents give new, right results on both
+ranks. A collective that the ranks issue with different sizes, or with a dead peer, fails on the living ranks
+within the group's bound when the host reads its result (never hangs: gloo's own check of mismatched buffers
+would abort the process), and so does one a peer never issues (lmdeploy asks for a 35600-day timeout; the group
+caps it). In this process: a single-rank group for what needs no peer (stream order, the capture rules, refusals).
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ RANK_SCRIPT = textwrap.dedent("""
         dist.reduce_scatter_tensor(mine, torch.arange(2 * world, device="npu", dtype=torch.float32) * (rank + 1))
         result["reduce_scatter_tensor"] = host(mine)
         dist.barrier()
+        if rank == 1:  # asynchronous to the host: rank 0's all_reduce returns before rank 1 issues its own
+            time.sleep(2)
+        z = torch.full((2,), float(rank + 1), device="npu")
+        start = time.monotonic()
+        handle = dist.all_reduce(z, async_op=True)
+        result["issue_seconds"] = time.monotonic() - start
+        later = z * 10  # stream order: after the all_reduce
+        handle.wait()
+        result["async"] = host(later)
         with sim.configured(eager_drain=False):  # queued work runs before the collective reads its input
             y = torch.zeros(4, device="npu")
             y.add_(rank + 1)
@@ -91,7 +101,9 @@ RANK_SCRIPT = textwrap.dedent("""
     elif scenario == "mismatch":  # rank 0 reduces 4 elements, rank 1 six
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(4 if rank == 0 else 6, device="npu"))
+            x = torch.ones(4 if rank == 0 else 6, device="npu")
+            dist.all_reduce(x)
+            host(x)
             result["error"] = None
         except RuntimeError as exc:
             result["error"] = str(exc)
@@ -102,7 +114,9 @@ RANK_SCRIPT = textwrap.dedent("""
             os._exit(0)
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(4, device="npu"))
+            x = torch.ones(4, device="npu")
+            dist.all_reduce(x)  # the host goes on: the failure comes at the read
+            host(x)
             result["error"] = None
         except RuntimeError as exc:
             result["error"] = str(exc)
@@ -112,7 +126,9 @@ RANK_SCRIPT = textwrap.dedent("""
             os._exit(0)
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(4, device="npu"))
+            x = torch.ones(4, device="npu")
+            dist.all_reduce(x)  # the host goes on: the failure comes at the read
+            host(x)
             result["error"] = None
         except RuntimeError as exc:
             result["error"] = str(exc)
@@ -167,6 +183,9 @@ def test_collectives_run_eagerly_and_replay_from_a_captured_graph_on_both_ranks(
         # sum over ranks of arange(4) * (rank + 1) = 3 * arange(4); this rank's half
         assert r["reduce_scatter_tensor"] == [3.0 * (2 * rank), 3.0 * (2 * rank + 1)]
         assert r["after_queued_work"] == [3.0] * 4
+        assert r["async"] == [30.0, 30.0]
+        if rank == 0:
+            assert r["issue_seconds"] < 1, r["issue_seconds"]  # it did not wait the 2 s for rank 1
         assert r["recorded"] == ["mul.Tensor", "hccl.all_reduce", "hccl.all_gather_into_tensor"], r["recorded"]
         reduced, gathered = r["after_capture"]
         assert all(v != v for v in reduced + gathered), "the capture ran work (outputs are not poison)"
@@ -212,23 +231,25 @@ def test_hccl_is_registered_for_the_simulated_device():
     assert _hccl.register()  # idempotent
 
 
-def test_a_collective_runs_after_the_work_queued_before_it(group, lazy):
+def test_a_collective_is_queued_behind_the_streams_work_and_runs_when_the_host_reads(group, lazy):
     x = torch.zeros(3, device="npu")
     x.add_(2)
-    assert sim.pending_work()
     group.allreduce([x])
-    assert not sim.pending_work()
+    queued = sim.pending_work()[sim.current_stream()]
+    assert queued[-2:] == ["add_.Tensor", "hccl.all_reduce"], queued  # nothing ran: the add first, then it
     assert sim.counters.by_op["hccl.all_reduce"] == 1
-    assert x.cpu().tolist() == [2.0] * 3
+    assert x.cpu().tolist() == [2.0] * 3  # one rank: the sum is its own
+    assert not sim.pending_work()
 
 
-def test_a_collective_behind_a_wait_nothing_satisfies_fails_instead_of_hanging(group, lazy):
+def test_a_collective_behind_a_wait_nothing_satisfies_fails_at_the_sync_instead_of_hanging(group, lazy):
     event = sim.ExternalEvent()
     event.wait()
     x = torch.ones(3, device="npu")
+    group.allreduce([x])  # the host goes on
     start = time.monotonic()
-    with pytest.raises(sim.SimDeadlockError, match="hccl all_reduce"):
-        group.allreduce([x])
+    with pytest.raises(sim.SimDeadlockError, match="would wait forever"):
+        x.cpu()
     assert time.monotonic() - start < 5
 
 

@@ -8,15 +8,24 @@ for the simulated device; each group is a :class:`HcclProcessGroup`, which runs 
 simulated device's tensors by staging their contents on the host (a contiguous copy), running gloo on the
 copies and copying the result back.
 
-Collectives are device work, in stream order like every other op of the simulator:
+Collectives are device work, in stream order like every other op of the simulator, and asynchronous to the host
+as a device's are (:class:`Collective`):
 
-* outside a capture a collective runs at once, after the work already queued on the current stream (with
-  ``config.eager_drain = False`` that work runs first; a stream held at a wait that nothing will satisfy
-  raises :class:`~._runtime.SimDeadlockError` instead of hanging);
+* outside a capture a collective is queued on the current stream and goes as far as it can at once; when its
+  stream reaches it (the work queued before it has run) it stages its inputs and starts gloo, and the stream's
+  later work waits for it while the host goes on (``work.wait()`` orders streams, it does not block the host;
+  lmdeploy's executor relies on that: a rank that blocked in a broadcast would never reach the barrier its
+  peer waits at). A host read, a sync or an event query lets it finish; a sync that has nothing else to run
+  waits for the peers, at most the group's timeout, and a stream held at a wait nothing will satisfy raises
+  :class:`~._runtime.SimDeadlockError` instead of hanging;
 * during a capture nothing runs: the collective is recorded into the graph as one task over the tensors it
   was given (static addresses), and every replay runs it again on their contents at that point of the
   replay. Replaying the same graph on every rank therefore issues the same collectives in the same order,
   as replaying an HCCL graph does. ``barrier()`` waits for the device, so it cannot be captured.
+
+A group starts its collectives' data in the order its collectives were reached; collectives of one group
+reached from two streams in an order that depends on timing are not modelled (lmdeploy issues a rank's
+collectives on one stream).
 
 No collective waits forever: gloo's timeout is the group's, capped at :data:`MAX_TIMEOUT` (lmdeploy asks for
 35600 days), and before the data moves the ranks agree on what they issued (one fixed-size gather: the collective,
@@ -37,6 +46,7 @@ torch >= 2.4, so this module only runs there.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import logging
 import os
@@ -113,18 +123,121 @@ def _describe(descriptor: list[int]) -> str:
     return text + (f" from rank {root}" if root >= 0 else "")
 
 
-class _Done(torch.distributed.Work if torch.distributed.is_available() else object):  # type: ignore[misc]
-    """The work handle of a collective that already ran (or was recorded into the capturing graph)."""
+#: ``start()`` of a collective: stage its inputs, start gloo on them, and return the gloo works with what copies
+#: the results back once they are done.
+Start = Callable[[], "tuple[list[Any], Callable[[], None]]"]
 
-    def __init__(self, result: list[torch.Tensor]) -> None:
+
+class Collective(rt.Task):
+    """One collective on a stream or in a graph: device work that waits on the other ranks, not on the host.
+
+    Reached by its stream (or by a replay, once per replay), it first gathers every rank's descriptor on the
+    group's own metadata pair (a fixed size, so gloo never sees mismatched buffers); once that is in, it waits for
+    the group's earlier collectives to start their data (each group starts them in the order its collectives were
+    reached, the same on every rank), stages its inputs (the stream's earlier work has run), starts gloo on them,
+    and, once gloo is done, copies the results back. ``run()`` only polls: while the peers have not come it holds
+    its stream, and the host goes on, as with a device collective; a sync point with nothing else to run waits
+    in ``block()``, at most the group's timeout.
+    """
+
+    __slots__ = ("group", "name", "descriptor", "start", "state", "works", "finish", "meta", "completions")
+
+    def __init__(self, group: HcclProcessGroup, name: str, descriptor: list[int], start: Start) -> None:
+        self.group, self.name, self.descriptor, self.start = group, name, descriptor, start
+        self.state = "idle"  # idle -> agreeing -> queued -> moving -> idle
+        self.works: list[Any] = []
+        self.finish: Callable[[], None] | None = None
+        self.meta: tuple[Any, torch.Tensor, list[torch.Tensor]] | None = None
+        self.completions = 0
+
+    def run(self) -> bool:
+        try:
+            return self._advance()
+        except RuntimeError as exc:
+            self._abandon()
+            raise self.group._failure(self.name, exc) from exc
+
+    def _advance(self) -> bool:
+        group = self.group
+        if self.state == "idle":
+            self.meta = group._announce(self.descriptor)
+            group._order.append(self)
+            self.state = "agreeing"
+        if self.state == "agreeing":
+            work, mine, everyone = self.meta
+            if not _finished(work):
+                return False
+            group._check(mine, everyone)
+            self.state = "queued"
+        if self.state == "queued":
+            if group._order[0] is not self:
+                return False
+            self.works, self.finish = self.start()
+            group._order.popleft()
+            self.state = "moving"
+        if not all(_finished(w) for w in self.works):
+            return False
+        self.finish()
+        self.state, self.works, self.finish, self.meta = "idle", [], None, None
+        self.completions += 1
+        return True
+
+    def _abandon(self) -> None:
+        if self in self.group._order:
+            self.group._order.remove(self)
+        self.state, self.works, self.finish, self.meta = "idle", [], None, None
+
+    def block(self) -> bool:
+        """Wait for what this collective waits on (its peers), at most the group's timeout; False when it waits on
+        nothing outside (an earlier collective of its group, held on another stream)."""
+        if self.state == "agreeing":
+            pending = [self.meta[0]]
+        elif self.state == "moving":
+            pending = list(self.works)
+        else:
+            return False
+        try:
+            for work in pending:
+                work.wait()
+        except RuntimeError as exc:
+            self._abandon()
+            raise self.group._failure(self.name, exc) from exc
+        return True
+
+    def describe(self) -> str:
+        return f"hccl.{self.name}"
+
+
+def _finished(work: Any) -> bool:
+    """Whether a gloo work is done; raises its error if it failed."""
+    if not work.is_completed():
+        return False
+    work.wait()
+    return True
+
+
+class _Handle(torch.distributed.Work if torch.distributed.is_available() else object):  # type: ignore[misc]
+    """The work handle of a collective issued to a stream (or recorded into the capturing graph).
+
+    ``wait()`` does not block the host, as a device collective's does not: it makes the current stream wait for
+    the collective's stream (nothing when they are one). ``get_future()`` answers at once; the tensors it names
+    are right for work that follows on the collective's stream, or after a sync.
+    """
+
+    def __init__(self, result: list[torch.Tensor], task: Collective | None, stream: rt.Stream) -> None:
         super().__init__()
-        self._result = result
+        self._result, self._task, self._stream = result, task, stream
 
     def wait(self, timeout: Any = None) -> bool:
+        current = rt.current_stream()
+        if current is not self._stream and current.capture is None and self._stream.capture is None:
+            event = rt.Event()
+            event.record(self._stream)
+            event.wait(current)
         return True
 
     def is_completed(self) -> bool:
-        return True
+        return self._task is None or self._task.completions > 0
 
     def is_success(self) -> bool:
         return True
@@ -133,7 +246,7 @@ class _Done(torch.distributed.Work if torch.distributed.is_available() else obje
         return None
 
     def synchronize(self) -> None:
-        return None
+        rt.sync_stream(self._stream, "synchronize() of an hccl work handle")
 
     def result(self) -> list[torch.Tensor]:
         return self._result
@@ -167,54 +280,45 @@ def _tear_down_worker(error: RuntimeError) -> None:
     os._exit(1)
 
 
-def _issue(group: HcclProcessGroup, name: str, run: Callable[[], None], descriptor: list[int]) -> None:
-    """Issue the collective ``run`` on the current stream: recorded when it captures, else run at once after the
-    stream's queued work. Each run first agrees ``descriptor`` with the other ranks."""
+def _issue(group: HcclProcessGroup, name: str, start: Start, descriptor: list[int], result: list[torch.Tensor]
+           ) -> _Handle:
+    """Issue a collective on the current stream: recorded when it captures (each replay runs it again, on the
+    tensors' contents at that point), else queued behind the stream's work, going as far as it can now."""
     stream = rt.current_stream()
-    label = f"hccl.{name}"
     if stream.update is not None:
         raise RuntimeError(f"hccl {name} inside graph_task_update_begin/end: a task update cannot re-issue a "
                            "collective")
-
-    def guarded() -> None:
-        try:
-            group._agree(descriptor)
-            run()
-        except RuntimeError as exc:
-            error = RuntimeError(f"hccl {name} on {group.describe()} failed (a peer died, timed out after "
-                                 f"{group.timeout.total_seconds():g} s, or issued a different collective): {exc}")
-            error.__cause__ = exc
-            if isinstance(exc, CollectiveMismatch) or "timed out" in str(exc).lower():
-                _tear_down_worker(error)
-            raise error from exc
-
-    task = rt.CallTask(guarded, label)
+    task = Collective(group, name, descriptor, start)
     if stream.capture is not None:
-        stream.capture.add(task)  # each replay runs it again, on the tensors' contents at that point
-        return
+        stream.capture.add(task)
+        return _Handle(result, None, stream)
     rt.counters.device_ops += 1
-    rt.counters.by_op[label] += 1
-    if not stream.queue:
-        task.run()
-        return
-    ran: list[bool] = []
-    rt.enqueue(stream, rt.CallTask(lambda: (guarded(), ran.append(True)), label))
-    rt._drain_until(lambda: bool(ran), f"hccl {name} (it reads what the stream's queued work writes)", stream)
+    rt.counters.by_op[f"hccl.{name}"] += 1
+    rt.enqueue(stream, task)
+    return _Handle(result, task, stream)
 
 
 class HcclProcessGroup(torch.distributed.ProcessGroup if torch.distributed.is_available() else object):  # type: ignore[misc]
-    """One ``hccl`` group: its collectives on simulated device tensors, run by a gloo group of the same ranks."""
+    """One ``hccl`` group: its collectives on simulated device tensors, run by two gloo groups of the same ranks
+    (one for the descriptors the ranks agree on, one for the data: each keeps its own order)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         import torch.distributed as dist
-        from torch._C._distributed_c10d import ProcessGroupGloo
 
         super().__init__(rank, size)
         self.timeout = min(timeout, MAX_TIMEOUT)
+        self._meta = self._gloo_group(dist.PrefixStore("sim-hccl/meta/", store), rank, size)
+        self._gloo = self._gloo_group(dist.PrefixStore("sim-hccl/data/", store), rank, size)
+        self._order: collections.deque[Collective] = collections.deque()  # agreed, data not started yet
+
+    def _gloo_group(self, store: Any, rank: int, size: int) -> Any:
+        from torch._C._distributed_c10d import ProcessGroupGloo
+
         options = ProcessGroupGloo._Options()
         options._devices = [ProcessGroupGloo.create_device(hostname=LOOPBACK)]
         options._timeout = self.timeout
-        self._gloo = ProcessGroupGloo(dist.PrefixStore("sim-hccl/", store), rank, size, options)
+        options._threads = 1
+        return ProcessGroupGloo(store, rank, size, options)
 
     # identity -------------------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -248,127 +352,157 @@ class HcclProcessGroup(torch.distributed.ProcessGroup if torch.distributed.is_av
         return f"sim-hccl-{self.group_name}-{rank}"
 
     def shutdown(self) -> None:
-        shutdown = getattr(self._gloo, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        for gloo in (self._meta, self._gloo):
+            shutdown = getattr(gloo, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
 
     abort = shutdown
 
-    def _agree(self, descriptor: list[int]) -> None:
-        """Gather every rank's descriptor (a fixed size: gloo never sees mismatched buffers, which it answers by
-        aborting the process); a rank that issued another collective or other sizes fails this one on every rank."""
+    # the collectives' machinery ---------------------------------------------------------------------------
+    def _announce(self, descriptor: list[int]) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
+        """Start gathering every rank's descriptor (a fixed size: gloo never sees mismatched buffers, which it
+        answers by aborting the process)."""
         mine = torch.tensor(descriptor, dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.size())]
-        self._gloo.allgather([everyone], [mine]).wait()
+        return self._meta.allgather([everyone], [mine]), mine, everyone
+
+    def _check(self, mine: torch.Tensor, everyone: list[torch.Tensor]) -> None:
         if any(not torch.equal(other, mine) for other in everyone):
             ranks = "; ".join(f"rank {r}: {_describe(d.tolist())}" for r, d in enumerate(everyone))
             raise CollectiveMismatch(f"the ranks issued different collectives ({ranks}): a rank that took another "
                                      "path (a graph on one, eager on another) would hang or corrupt this step on the "
                                      "device")
 
+    def _failure(self, name: str, exc: RuntimeError) -> RuntimeError:
+        """The error of a failed collective; in an lmdeploy worker a divergence or a timeout ends the process."""
+        error = RuntimeError(f"hccl {name} on {self.describe()} failed (a peer died, timed out after "
+                             f"{self.timeout.total_seconds():g} s, or issued a different collective): {exc}")
+        error.__cause__ = exc
+        if isinstance(exc, CollectiveMismatch) or "timed out" in str(exc).lower():
+            _tear_down_worker(error)
+        return error
+
     # collectives ----------------------------------------------------------------------------------------------
-    def allreduce(self, tensors: Any, opts: Any = None, *args: Any, **kwargs: Any) -> _Done:
+    def allreduce(self, tensors: Any, opts: Any = None, *args: Any, **kwargs: Any) -> _Handle:
         from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         op = opts.reduceOp if isinstance(opts, AllreduceOptions) else (ReduceOp.SUM if opts is None else opts)
         inner = _inner("all_reduce", tensors)
 
-        def run() -> None:
+        def start() -> tuple[list[Any], Callable[[], None]]:
             staged = [_stage(t) for t in inner]
             options = AllreduceOptions()
             options.reduceOp = op
-            self._gloo.allreduce(staged, options).wait()
-            for t, s in zip(inner, staged, strict=True):
-                t.copy_(s)
+            work = self._gloo.allreduce(staged, options)
 
-        _issue(self, "all_reduce", run, _descriptor("all_reduce", inner))
-        return _Done(tensors)
+            def finish() -> None:
+                for t, s in zip(inner, staged, strict=True):
+                    t.copy_(s)
 
-    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Done:
+            return [work], finish
+
+        return _issue(self, "all_reduce", start, _descriptor("all_reduce", inner), tensors)
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Handle:
         return self.allreduce(list(tensors), opts)
 
-    def broadcast(self, tensors: Any, opts: Any = None, *args: Any, **kwargs: Any) -> _Done:
+    def broadcast(self, tensors: Any, opts: Any = None, *args: Any, **kwargs: Any) -> _Handle:
         from torch._C._distributed_c10d import BroadcastOptions
 
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         root = opts.rootRank if isinstance(opts, BroadcastOptions) else int(opts or 0)
         inner = _inner("broadcast", tensors)
 
-        def run() -> None:
+        def start() -> tuple[list[Any], Callable[[], None]]:
             staged = [_stage(t) for t in inner]
             options = BroadcastOptions()
             options.rootRank, options.rootTensor = root, 0
-            self._gloo.broadcast(staged, options).wait()
-            for t, s in zip(inner, staged, strict=True):
-                t.copy_(s)
+            work = self._gloo.broadcast(staged, options)
 
-        _issue(self, "broadcast", run, _descriptor("broadcast", inner, root))
-        return _Done(tensors)
+            def finish() -> None:
+                for t, s in zip(inner, staged, strict=True):
+                    t.copy_(s)
+
+            return [work], finish
+
+        return _issue(self, "broadcast", start, _descriptor("broadcast", inner, root), tensors)
 
     def allgather(self, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                  opts: Any = None) -> _Done:
+                  opts: Any = None) -> _Handle:
         outs = [_inner("all_gather", outputs) for outputs in output_lists]
         ins = _inner("all_gather", inputs)
 
-        def run() -> None:
+        def start() -> tuple[list[Any], Callable[[], None]]:
             staged_in = [_stage(t) for t in ins]
             staged_out = [[torch.empty(o.shape, dtype=o.dtype) for o in outputs] for outputs in outs]
-            self._gloo.allgather(staged_out, staged_in).wait()
-            for outputs, staged in zip(outs, staged_out, strict=True):
-                for o, s in zip(outputs, staged, strict=True):
-                    o.copy_(s)
+            work = self._gloo.allgather(staged_out, staged_in)
 
-        _issue(self, "all_gather", run, _descriptor("all_gather", ins))
-        return _Done([t for outputs in output_lists for t in outputs])
+            def finish() -> None:
+                for outputs, staged in zip(outs, staged_out, strict=True):
+                    for o, s in zip(outputs, staged, strict=True):
+                        o.copy_(s)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Done:  # noqa: A002
+            return [work], finish
+
+        return _issue(self, "all_gather", start, _descriptor("all_gather", ins),
+                      [t for outputs in output_lists for t in outputs])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Handle:  # noqa: A002
         out, = _inner("all_gather_into_tensor", [output])
         inp, = _inner("all_gather_into_tensor", [input])
         if out.numel() != inp.numel() * self.size():
             raise RuntimeError(f"hccl all_gather_into_tensor: the output has {out.numel()} elements, not "
                                f"{self.size()} x {inp.numel()}")
 
-        def run() -> None:
+        def start() -> tuple[list[Any], Callable[[], None]]:
             staged = _stage(inp)
             chunks = [torch.empty_like(staged) for _ in range(self.size())]
-            self._gloo.allgather([chunks], [staged]).wait()
-            out.copy_(torch.cat([c.reshape(-1) for c in chunks]).view(out.shape))
+            work = self._gloo.allgather([chunks], [staged])
 
-        _issue(self, "all_gather_into_tensor", run, _descriptor("all_gather_into_tensor", [inp]))
-        return _Done([output])
+            def finish() -> None:
+                out.copy_(torch.cat([c.reshape(-1) for c in chunks]).view(out.shape))
+
+            return [work], finish
+
+        return _issue(self, "all_gather_into_tensor", start, _descriptor("all_gather_into_tensor", [inp]), [output])
 
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                                        opts: Any = None) -> _Done:
-        for output, input in zip(outputs, inputs, strict=True):  # noqa: A001
-            self.all_gather_single(output, input, opts)
-        return _Done(list(outputs))
+                                        opts: Any = None) -> _Handle:
+        handles = [self.all_gather_single(output, input, opts)  # noqa: A001
+                   for output, input in zip(outputs, inputs, strict=True)]
+        return handles[-1] if handles else _Handle([], None, rt.current_stream())
 
-    def _reduce_chunks(self, name: str, outputs: list[torch.Tensor], chunks: list[list[torch.Tensor]], op: Any
-                       ) -> None:
+    def _reduce_chunks(self, name: str, outputs: list[torch.Tensor], chunks: list[list[torch.Tensor]], op: Any,
+                       result: list[torch.Tensor]) -> _Handle:
         """outputs[i] = the reduction over ranks of chunks[i][this rank] (one all-reduce of all chunks)."""
         from torch._C._distributed_c10d import AllreduceOptions
 
         me = self.rank()
 
-        def run() -> None:
+        def start() -> tuple[list[Any], Callable[[], None]]:
             flat = torch.cat([c.reshape(-1) for row in chunks for c in row]).contiguous()
             options = AllreduceOptions()
             options.reduceOp = op
-            self._gloo.allreduce([flat], options).wait()
-            offset = 0
-            for out, row in zip(outputs, chunks, strict=True):
-                for rank, c in enumerate(row):
-                    if rank == me:
-                        out.copy_(flat[offset:offset + c.numel()].view(out.shape))
-                    offset += c.numel()
+            work = self._gloo.allreduce([flat], options)
 
-        _issue(self, name, run, _descriptor(name, [c for row in chunks for c in row]))
+            def finish() -> None:
+                offset = 0
+                for out, row in zip(outputs, chunks, strict=True):
+                    for rank, c in enumerate(row):
+                        if rank == me:
+                            out.copy_(flat[offset:offset + c.numel()].view(out.shape))
+                        offset += c.numel()
+
+            return [work], finish
+
+        return _issue(self, name, start, _descriptor(name, [c for row in chunks for c in row]), result)
 
     def reduce_scatter(self, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]],
-                       opts: Any = None) -> _Done:
+                       opts: Any = None) -> _Handle:
         from torch._C._distributed_c10d import ReduceOp
 
         op = getattr(opts, "reduceOp", ReduceOp.SUM)
@@ -378,10 +512,9 @@ class HcclProcessGroup(torch.distributed.ProcessGroup if torch.distributed.is_av
             if len(row) != self.size() or out.numel() != row[self.rank()].numel():
                 raise RuntimeError(f"hccl reduce_scatter: {len(row)} inputs for {self.size()} ranks, or an output "
                                    f"of {out.numel()} elements for this rank's {row[self.rank()].numel()}")
-        self._reduce_chunks("reduce_scatter", outs, rows, op)
-        return _Done(list(outputs))
+        return self._reduce_chunks("reduce_scatter", outs, rows, op, list(outputs))
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Done:  # noqa: A002
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Handle:  # noqa: A002
         from torch._C._distributed_c10d import ReduceOp
 
         op = getattr(opts, "reduceOp", ReduceOp.SUM)
@@ -390,21 +523,21 @@ class HcclProcessGroup(torch.distributed.ProcessGroup if torch.distributed.is_av
         if inp.numel() != out.numel() * self.size():
             raise RuntimeError(f"hccl reduce_scatter_tensor: the input has {inp.numel()} elements, not "
                                f"{self.size()} x {out.numel()}")
-        self._reduce_chunks("reduce_scatter_tensor", [out], [list(inp.reshape(self.size(), -1))], op)
-        return _Done([output])
+        return self._reduce_chunks("reduce_scatter_tensor", [out], [list(inp.reshape(self.size(), -1))], op,
+                                   [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def barrier(self, opts: Any = None) -> _Done:
+    def barrier(self, opts: Any = None) -> _Handle:
+        """Waits for the device (every stream, this group's collectives included), then for every rank."""
         stream = rt.current_stream()
         rt._check_sync_allowed("barrier() of an hccl group (it waits for the device)", stream)
         rt.sync_device("barrier() of an hccl group")
         try:
             self._gloo.barrier().wait()
         except RuntimeError as exc:
-            raise RuntimeError(f"hccl barrier on {self.describe()} failed (a peer died or timed out after "
-                               f"{self.timeout.total_seconds():g} s): {exc}") from exc
-        return _Done([])
+            raise self._failure("barrier", exc) from exc
+        return _Handle([], None, stream)
 
     def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("the simulated hccl group runs all_reduce, broadcast, all_gather(_into_tensor), "
@@ -413,4 +546,4 @@ class HcclProcessGroup(torch.distributed.ProcessGroup if torch.distributed.is_av
     reduce = gather = scatter = alltoall = alltoall_base = all_to_all_single = send = recv = _unsupported
 
 
-__all__ = ["MAX_TIMEOUT", "NAME", "CollectiveMismatch", "HcclProcessGroup", "register"]
+__all__ = ["MAX_TIMEOUT", "NAME", "Collective", "CollectiveMismatch", "HcclProcessGroup", "register"]

@@ -17,6 +17,11 @@ copy, ``synchronize()``), so a test can observe host-side races against device w
 A graph capture turns the ops issued on the capturing stream into graph nodes instead of tasks; a
 replay enqueues one task that walks the graph's nodes on the replay stream, stopping (and holding the
 stream) at a captured external-event wait that is not satisfied.
+
+A task may also wait on something outside the process (a collective's peers, :mod:`._hccl`): it holds its
+queue while it cannot go on, every drain polls it, and a sync point that has nothing else to run blocks on
+it (its ``block()``) instead of declaring a deadlock; ``Event.query()`` and ``Stream.query()`` poll too, as
+a device makes progress by itself.
 """
 
 from __future__ import annotations
@@ -567,6 +572,8 @@ class Stream:
         return event
 
     def query(self) -> bool:
+        if self.queue and config.eager_drain:
+            drain_all()  # work held only by something outside (a collective's peers) moves on by itself
         return not self.queue
 
     def synchronize(self) -> None:
@@ -745,7 +752,25 @@ def _drain_locked(done: Callable[[], bool], what: str, first: Stream | None) -> 
             if stream is not first and _run_queue(stream):
                 progressed = True
         if not progressed and not done():
+            if _wait_outside():
+                continue
             raise SimDeadlockError(f"{what} would wait forever: " + describe_blocked())
+
+
+def _wait_outside() -> bool:
+    """Block until a queue head that waits on something outside this process (a collective's peers: a task with a
+    ``block()`` method, also as the node a replay holds at) can go on. False when no head waits on anything
+    outside: nothing will ever move (a deadlock)."""
+    for stream in list(_state.pending):
+        if not stream.queue:
+            continue
+        head = stream.queue[0]
+        if isinstance(head, GraphExec):
+            head = head.nodes[head.pc] if head.pc < len(head.nodes) else None
+        block = getattr(head, "block", None)
+        if block is not None and block():
+            return True
+    return False
 
 
 def describe_blocked() -> str:
@@ -831,6 +856,8 @@ class Event:
             enqueue(stream, EventWait(self, self._issued))
 
     def query(self) -> bool:
+        if self._done < self._issued and config.eager_drain:
+            drain_all()  # work held only by something outside (a collective's peers) moves on by itself
         return self._done >= self._issued
 
     def synchronize(self) -> None:
