@@ -354,7 +354,9 @@ class Scanner:
 
 
 # Identifiers that read as an npu module (see _NPU_WORD) but hold something else: name -> what it holds.
-NOT_HOLDERS: dict[str, str] = {}
+NOT_HOLDERS: dict[str, str] = {
+    "POST_350_MIN_TORCH_NPU": "the lowest torch_npu version post-#350 dlinfer accepts (a string)",
+}
 
 
 # -- the contract ----------------------------------------------------------------------------------

@@ -168,9 +168,9 @@ class WorkerWatch:
         shutil.rmtree(self.reports, ignore_errors=True)
         for handler in logging.getLogger().handlers + logger.handlers:
             handler.flush()
-        for stream in (sys.stdout, sys.stderr):
+        for console in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                console.flush()
             except (OSError, ValueError):
                 pass
         os._exit(FAILURE_STATUS)
