@@ -2,20 +2,18 @@
 and how each cell was verified: README's short status grid and its upstream breakages, and the full matrix
 in docs/support.md.
 
-Sources, one each: the lmdeploy series and refusals are ``vendor_graph.compat.SUPPORTED_SERIES`` /
-``KNOWN_BREAKAGES``; torch_npu generations and seq-len paths are ``vendor_graph.vendors.ascend.releases`` and
-``vendor_graph.vendors.ascend.seqlen``; the minimum torch is ``[tool.vendor_graph] min-torch`` in pyproject.toml.
-This file holds the rest: the (CANN, torch_npu, torch) pairs (also the matrix of
-``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal) and the upstream dlinfer
-breakages. ``python tools/support_matrix.py`` prints both blocks; ``--write`` rewrites them between their
-markers.
+Sources, one each: the lmdeploy series are ``vendor_graph.compat.SUPPORTED_SERIES``; the upstream breakages
+(and any refusal) are ``vendor_graph.upstream.BREAKAGES``; torch_npu generations and seq-len paths are
+``vendor_graph.vendors.ascend.releases`` and ``vendor_graph.vendors.ascend.seqlen``; the minimum torch is
+``[tool.vendor_graph] min-torch`` in pyproject.toml. This file holds the rest: the (CANN, torch_npu, torch) pairs
+(also the matrix of ``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal).
+``python tools/support_matrix.py`` prints both blocks; ``--write`` rewrites them between their markers.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
@@ -54,55 +52,22 @@ PAIRS: tuple[Pair, ...] = (
     Pair("2.9.0.post9", "9.0.0", "2.9.0", "assumed"),
 )
 
-DLINFER = {
-    "ascend": "dlinfer-ascend 0.2.7 (PyPI, aarch64 only), or dlinfer's GitHub main (a50184e, 0.2.8) from source",
-    "camb": "none published: build dlinfer from source (`DEVICE=camb`)",
-    "maca": "none published: build dlinfer from source (`DEVICE=maca`)",
+WHERE_TO_GET = {
+    "ascend": "dlinfer's GitHub main from source, or dlinfer-ascend 0.2.7 (PyPI, aarch64 only)",
+    "camb": "no distribution: build dlinfer from source (`DEVICE=camb`)",
+    "maca": "no distribution: build dlinfer from source (`DEVICE=maca`)",
 }
-
-
-class Breakage(NamedTuple):
-    vendors: tuple[str, ...]
-    since: str  # the first lmdeploy series it affects
-    what: str
-    blocks: bool = True  # no published dlinfer runs that combination (unless vendor_graph bridges it)
-    until: str | None = None  # the last lmdeploy series it affects (None: every later one)
-    bridged: str = ""  # how vendor_graph bridges it, where it does
-
-
-UPSTREAM: tuple[Breakage, ...] = (
-    Breakage(("ascend",), "0.17",
-             "lmdeploy's Ascend `init()` imports `dlinfer.vendor.ascend.version`, which neither dlinfer-ascend 0.2.7 "
-             "(PyPI) nor dlinfer's GitHub main at a50184e has: the engine cannot start on an NPU"),
-    Breakage(VENDORS, "0.18",
-             "lmdeploy 0.18's dlinfer prefill kernel calls `dlinfer.ops.prefill_attention(..., "
-             "actual_seq_lengths_cpu=...)`, and `dlinfer.ops.paged_prefill_attention` with two length arguments "
-             "fewer, which no published dlinfer takes (neither dlinfer-ascend 0.2.7 nor GitHub main at a50184e): "
-             "every prefill raises TypeError; decode works",
-             bridged="on Ascend, vendor_graph's `prefill-attention` bridge hands dlinfer's ops the host lengths "
-                     "lmdeploy 0.16 passed (`VENDOR_GRAPH_BRIDGES`); Camb and MACA remain broken"),
-    Breakage(("ascend",), "0.16",
-             "dlinfer's GitHub main (a50184e) replaces `StateCacheEngine.allocate_caches` with a three-argument "
-             "version, and lmdeploy's `StateCacheEngine` passes it `state_specs=` and `num_layers=`: the engine's "
-             "cache cannot be built, eager mode too",
-             until="0.17",
-             bridged="vendor_graph's `state-cache` bridge adapts the call (`VENDOR_GRAPH_BRIDGES`)"),
-    Breakage(("ascend",), "0.17",
-             "lmdeploy's Ascend `build_graph_runner` passes `is_mla=` to dlinfer's `AscendGraphRunner`, which "
-             "dlinfer's GitHub main (a50184e) does not take: the engine cannot be built, eager mode too",
-             bridged="vendor_graph builds its own runner there instead"),
-    Breakage(("camb", "maca"), "0.16",
-             "no dlinfer-camb or dlinfer-maca distribution exists: build dlinfer from source "
-             "(`DEVICE=camb` / `DEVICE=maca`)", blocks=False),
-)
 SHOWN = {"ascend": "Ascend", "camb": "Camb", "maca": "MACA"}
-SIMULATED = ("CI here: lmdeploy's real classes and, for Ascend, its engine and pipeline over the real dlinfer "
-             "(a50184e), on the CPU simulator")
+NEWEST = "0.18"  # the lmdeploy series whose CI leg also runs post-#350 dlinfer (tests/realstack/test_dlinfer_pr350.py)
+
+
+def simulated(series: str) -> str:
+    over = "a50184e, and post-#350: PR #350's files laid over it" if series == NEWEST else "a50184e"
+    return (f"CI here ({series}.0): lmdeploy's real classes and, for Ascend, its engine and pipeline over the real "
+            f"dlinfer ({over}), on the CPU simulator")
+
+
 NEVER = "hardware: never run"
-
-
-def _series_key(series: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in series.split("."))
 
 
 def min_torch() -> str:
@@ -127,36 +92,40 @@ def _first_clause(text: str) -> str:
 
 
 def _all_series() -> list[str]:
-    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+    from vendor_graph.compat import SUPPORTED_SERIES
+    from vendor_graph.upstream import refused_series, series_key
 
-    return sorted({s for v in VENDORS for s in SUPPORTED_SERIES[v]} | {s for (_, s) in KNOWN_BREAKAGES},
-                  key=_series_key)
+    return sorted({s for v in VENDORS for s in SUPPORTED_SERIES[v]} | refused_series(), key=series_key)
 
 
-def upstream(vendor: str, series: str) -> list[Breakage]:
-    """The upstream breakages that apply to ``vendor`` on lmdeploy ``series``."""
-    return [b for b in UPSTREAM if vendor in b.vendors and _series_key(series) >= _series_key(b.since)
-            and (b.until is None or _series_key(series) <= _series_key(b.until))]
+def _number(breakage) -> int:
+    from vendor_graph.upstream import BREAKAGES
+
+    return BREAKAGES.index(breakage) + 1
 
 
 def lmdeploy_rows() -> list[str]:
-    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+    from vendor_graph import upstream
+    from vendor_graph.compat import SUPPORTED_SERIES
 
     rows = ["| lmdeploy | vendor | dlinfer | vendor_graph | verified |", "|---|---|---|---|---|"]
     for s in _all_series():
         for vendor in VENDORS:
+            refused = upstream.refusal(vendor, s)
             if s in SUPPORTED_SERIES[vendor]:
                 status = "supported"
-                verified = f"{SIMULATED} ({s}.0); {NEVER}"
-                dlinfer = DLINFER[vendor]
-                broken = [b for b in upstream(vendor, s) if b.blocks and not (b.bridged and vendor == "ascend")]
-                if broken:
-                    dlinfer = "**none published works**: " + "; ".join(b.what for b in broken)
-                    verified = f"{SIMULATED} ({s}.0); hardware: blocked upstream, never run"
-            elif (vendor, s) in KNOWN_BREAKAGES:
-                status = f"**refused**: {_first_clause(KNOWN_BREAKAGES[(vendor, s)])}"
+                verified = f"{simulated(s)}; {NEVER}"
+                runs = upstream.dlinfers_that_run(vendor, s)
+                if runs:
+                    dlinfer = f"{WHERE_TO_GET[vendor]}; runs with: {', '.join(runs)}"
+                else:
+                    dlinfer = "**no dlinfer works**: " + "; ".join(
+                        f"{b.what} (breakage {_number(b)})" for b in upstream.blocking(vendor, s))
+                    verified = f"{simulated(s)}; hardware: blocked upstream, never run"
+            elif refused is not None:
+                status = f"**refused**: {_first_clause(refused.what)}"
                 verified = f"CI here: the refusal ({s}.0)"
-                dlinfer = DLINFER[vendor]
+                dlinfer = WHERE_TO_GET[vendor]
             else:
                 continue
             rows.append(f"| {s}.x | {vendor} | {dlinfer} | {status} | {verified} |")
@@ -165,37 +134,50 @@ def lmdeploy_rows() -> list[str]:
 
 def status_rows() -> list[str]:
     """README's grid: per lmdeploy series and vendor, whether vendor_graph supports it, with the numbers of the
-    upstream breakages (listed under the grid) that apply."""
-    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+    upstream breakages (the table under the grid) that apply."""
+    from vendor_graph import upstream
+    from vendor_graph.compat import SUPPORTED_SERIES
 
     rows = ["| lmdeploy | " + " | ".join(VENDORS) + " |", "|---" * (len(VENDORS) + 1) + "|"]
     for s in _all_series():
         cells = []
         for vendor in VENDORS:
+            refused = upstream.refusal(vendor, s)
             if s in SUPPORTED_SERIES[vendor]:
                 cell = "yes"
-            elif (vendor, s) in KNOWN_BREAKAGES:
-                cell = f"**refused**: {_first_clause(KNOWN_BREAKAGES[(vendor, s)])}"
+            elif refused is not None:
+                cell = f"**refused**: {_first_clause(refused.what)}"
             else:
                 cell = "no"
-            notes = [str(UPSTREAM.index(b) + 1) for b in upstream(vendor, s)]
+            notes = [str(_number(b)) for b in upstream.applying(vendor, s)]
             cells.append(cell + (f" ({', '.join(notes)})" if notes else ""))
         rows.append(f"| {s}.x | " + " | ".join(cells) + " |")
     return rows
 
 
-def breakage_lines() -> list[str]:
-    lines = []
-    for n, b in enumerate(UPSTREAM, 1):
-        if b.until is not None:
-            series = f"lmdeploy {b.since}" + (f" to {b.until}" if b.until != b.since else "")
+def breakage_rows() -> list[str]:
+    """The upstream breakages, one row each: vendors, lmdeploy series, the dlinfer generations that have it, what
+    breaks, and what vendor_graph does about it."""
+    from vendor_graph import upstream
+
+    rows = ["| # | vendors | lmdeploy | dlinfer with it | what breaks | vendor_graph |", "|---|---|---|---|---|---|"]
+    for n, b in enumerate(upstream.BREAKAGES, 1):
+        if b.bridge:
+            doing = f"**bridged** on {', '.join(SHOWN[v] for v in b.bridged_on)}: {b.does}"
+        elif b.refuses:
+            doing = f"**refuses** the series{': ' + b.does if b.does else ''}"
         else:
-            series = f"lmdeploy >= {b.since}" if b.since != _all_series()[0] else "every lmdeploy"
-        item = f"{n}. **{', '.join(SHOWN[v] for v in b.vendors)}, {series}**: {b.what}."
-        if b.bridged:
-            item += f" **Bridged**: {b.bridged}."
-        lines += textwrap.wrap(item, 116, subsequent_indent="   ", break_long_words=False, break_on_hyphens=False)
-    return lines
+            doing = b.does or ("no bridge: the engine cannot run" if b.blocks else "nothing to bridge")
+        rows.append(f"| {n} | {', '.join(SHOWN[v] for v in b.vendors)} | {b.span()} | "
+                    f"{', '.join(b.dlinfers)} | {b.what} | {doing} |")
+    return rows
+
+
+def dlinfer_lines() -> list[str]:
+    from vendor_graph import upstream
+
+    return ["dlinfer generations (recognised by what their modules contain; `vendor-graph doctor` names the one "
+            "found): " + "; ".join(f"{key}: {text}" for key, text in upstream.DLINFERS.items()) + "."]
 
 
 def torch_npu_rows() -> list[str]:
@@ -281,7 +263,7 @@ def render() -> str:
 
 def render_status() -> str:
     """README's block."""
-    return "\n".join([STATUS_BEGIN, *status_rows(), "", *breakage_lines(), STATUS_END])
+    return "\n".join([STATUS_BEGIN, *status_rows(), "", *breakage_rows(), "", *dlinfer_lines(), STATUS_END])
 
 
 def _replace(path: Path, begin: str, end: str, block: str) -> bool:

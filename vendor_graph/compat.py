@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import settings
+from . import settings, upstream
 
 # Release series (major.minor) each vendor supports. The .0 release of each is what CI tests.
 SUPPORTED_SERIES: dict[str, tuple[str, ...]] = {
@@ -25,9 +25,6 @@ SUPPORTED_SERIES: dict[str, tuple[str, ...]] = {
     "maca": ("0.16", "0.17", "0.18"),
     "cuda": ("0.18",),
 }
-
-# Why a vendor is not supported on a series that lmdeploy itself ships for it.
-KNOWN_BREAKAGES: dict[tuple[str, str], str] = {}
 
 ALLOW_UNSUPPORTED_ENV = settings.variable("allow_unsupported_lmdeploy")
 
@@ -76,8 +73,8 @@ def check_lmdeploy_supported(vendor: str, version: Version | None = None) -> Ver
         )
     if series(version) in supported:
         return version
-    breakage = KNOWN_BREAKAGES.get((vendor, series(version)))
-    why = f": {breakage}" if breakage else ""
+    breakage = upstream.refusal(vendor, series(version))
+    why = f": {breakage.what}" if breakage else ""
     message = (
         f"vendor_graph.{vendor} does not support the installed lmdeploy {version}{why}. "
         f"Supported: {listed}. Install one of those, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway."

@@ -123,6 +123,11 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
             present.append(name)
     dlinfer = _version("dlinfer-ascend", "dlinfer-camb", "dlinfer-maca", "dlinfer")
     add(f"dlinfer: {dlinfer or ('importable (unversioned)' if _findable('dlinfer') else 'not installed')}")
+    here = _dlinfer_generation()
+    if here is not None and here.evidence:
+        add(f"dlinfer generation: {here.label()} ({here.where}), by what it contains:")
+        lines.extend(f"    {item}" for item in here.evidence)
+        lines.append(f"    for torch_npu: {here.torch_npu()}")
     if not present:
         add("no vendor device runtime here: graph mode can be planned and simulated (vendor-graph plan / demo), "
             "not run")
@@ -139,6 +144,10 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     else:
         add(f"torch_npu {npu_version}")
         lines.extend(_torch_npu_lines(npu_version))
+    refused = _dlinfer_refusal(here, torch_version, simulated or npu_version)
+    if refused:
+        add(f"{refused}: `import dlinfer` raises RuntimeError here; install a torch_npu it admits (above) or a "
+            f"dlinfer from before PR #350", problem=True)
 
     lines.append("\nlmdeploy")
     version = compat.installed_lmdeploy_version()
@@ -152,15 +161,12 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
             + (f"; not for {', '.join(v for v in VENDORS if v not in supporting)}"
                if len(supporting) < len(VENDORS) else ""),
             problem=bool(vendor and vendor not in supporting))
-        breakages = [(v, why) for (v, s), why in compat.KNOWN_BREAKAGES.items() if s == series]
-        notes = _upstream_notes(version)
-        lines.append("\nKnown upstream breakages for this combination")
-        if not breakages and not notes:
+        lines.append("\nKnown upstream breakages for this combination (vendor_graph.upstream)")
+        notes = _upstream_notes(series, vendor, here, on_device=bool(npu_version) and not simulated)
+        if not notes:
             add("none known")
-        for v, why in breakages:
-            add(f"{v} on lmdeploy {series}: {why}", problem=v == vendor)
-        for note in notes:
-            add(note)
+        for note, problem in notes:
+            add(note, problem=problem)
 
     lines.append("\nCudaGraphMixin owners" + (f" (after activating {vendor})" if vendor else ""))
     lines.extend(_owner_lines(vendor))
@@ -291,34 +297,71 @@ def _torch_npu_lines(version: str) -> list[str]:
     return out
 
 
-def _upstream_notes(version) -> list[str]:
-    from packaging.version import Version
+def _dlinfer_generation():
+    """The dlinfer generation here (read from its files, nothing imported), or None where the adapter that tells
+    them apart cannot be loaded (it needs torch)."""
+    try:
+        from .vendors.ascend.dlinfer_adapter import dlinfer_generation
+    except ImportError:
+        return None
+    return dlinfer_generation()
 
-    from . import bridges
+
+def _dlinfer_refusal(here, torch_version: str | None, torch_npu: str | None) -> str | None:
+    """Why the dlinfer here refuses this torch and torch_npu (``torch_npu``: a release, or a simulated
+    generation's default release), or None."""
+    from .vendors.ascend.releases import GENERATION_FACTS, release_of
+
+    if here is None or torch_version is None or torch_npu is None:
+        return None
+    if torch_npu in GENERATION_FACTS:  # the simulator switch names a generation: the release it simulates
+        try:
+            from vendor_graph_sim.boot import SimSwitchError, pinned_release
+        except ImportError:
+            return None
+        try:
+            torch_npu = pinned_release(torch_npu)
+        except SimSwitchError:
+            return None
+    try:
+        release = release_of(torch_npu)
+    except ValueError:
+        return None
+    graph_api = GENERATION_FACTS[release.generation]["update"]
+    return here.refusal(torch_version.split("+")[0], release.version, graph_api)
+
+
+def _upstream_notes(series: str, vendor: str | None, here, on_device: bool) -> list[tuple[str, bool]]:
+    """Each breakage of :data:`vendor_graph.upstream.BREAKAGES` on lmdeploy ``series`` (for ``vendor``, else for
+    every vendor), with whether the dlinfer here has it and what vendor_graph does; a problem where it stops the
+    chosen vendor ``on_device`` (a real torch_npu here; the simulator stands in for what dlinfer lacks)."""
+    from . import bridges, upstream
 
     on = {b.name: bridges.allowed(b.name, _bridges_choice()) for b in bridges.BRIDGES}
+    known = here.name if here is not None and here.name in upstream.DLINFERS else None
     notes = []
-    if version >= Version("0.17"):
-        has = _findable("dlinfer.vendor.ascend") and _findable("dlinfer.vendor.ascend.version")
-        notes.append("ascend: lmdeploy >= 0.17's Ascend init() imports dlinfer.vendor.ascend.version, which no "
-                     "published dlinfer (0.2.7 on PyPI, 0.2.8 on GitHub) provides"
-                     + ("; the dlinfer here has it" if has else "; the dlinfer here does not have it"
-                        if _findable("dlinfer") else ""))
-        notes.append("ascend: lmdeploy >= 0.17's Ascend build_graph_runner passes is_mla= to dlinfer's "
-                     "AscendGraphRunner, which dlinfer main a50184e does not take (no engine, eager mode too); "
-                     "vendor_graph builds its own runner instead")
-    if version < Version("0.18"):
-        notes.append("ascend: lmdeploy 0.16/0.17's StateCacheEngine passes state_specs= and num_layers= to "
-                     "dlinfer main a50184e's three-argument allocate_caches (no engine, eager mode too); "
-                     + _bridge_state("state-cache", on))
-    if version >= Version("0.18"):
-        llm = _dlinfer_source_text("ops/llm.py")
-        notes.append("ascend, camb, maca: lmdeploy 0.18's dlinfer prefill kernel passes actual_seq_lengths_cpu= to "
-                     "dlinfer.ops.prefill_attention (and two length arguments fewer to paged_prefill_attention), "
-                     "which dlinfer main a50184e (2026-07-20) does not take: every prefill raises TypeError"
-                     + ("" if llm is None else "; the dlinfer here takes it" if "actual_seq_lengths_cpu" in llm
-                        else "; the dlinfer here does not take it")
-                     + "; on Ascend " + _bridge_state("prefill-attention", on))
+    for breakage in upstream.BREAKAGES:
+        vendors = [v for v in breakage.vendors if breakage.applies(v, series) and vendor in (None, v)]
+        if not vendors:
+            continue
+        text = (f"{', '.join(vendors)}: {breakage.span()}, dlinfer {' / '.join(breakage.dlinfers)}: "
+                f"{breakage.what.replace('`', '')}")
+        has = known is not None and known in breakage.dlinfers
+        if known is not None:
+            text += f"; the dlinfer here ({known}) {'has it' if has else 'does not have it'}"
+        stops = breakage.blocks and (known is None or has)
+        uncovered = [v for v in vendors if v not in breakage.bridged_on]
+        if breakage.bridge in on:
+            covered = [v for v in vendors if v in breakage.bridged_on]
+            if covered:
+                text += f"; on {', '.join(covered)} " + _bridge_state(breakage.bridge, on)
+            if uncovered:
+                text += f"; on {', '.join(uncovered)} nothing bridges it"
+            stops = stops and (not on[breakage.bridge] or vendor in uncovered)
+        elif breakage.does:
+            text += f"; {breakage.does.replace('`', '')}"
+            stops = stops and breakage.bridge is None
+        notes.append((text, bool(vendor) and vendor in vendors and stops and known is not None and on_device))
     return notes
 
 

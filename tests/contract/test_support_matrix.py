@@ -32,29 +32,32 @@ def test_readme_status_table_is_generated_from_the_code() -> None:
     assert found.group(0) == matrix.render_status(), "regenerate it with: python tools/support_matrix.py --write"
 
 
-def test_the_status_table_flips_with_the_supported_series(monkeypatch) -> None:
-    from vendor_graph import compat
+def test_the_status_table_flips_with_the_supported_series_and_a_refusing_breakage(monkeypatch) -> None:
+    from vendor_graph import compat, upstream
 
+    refusing = upstream.Breakage("maca-backend", ("maca",), "0.18", "0.18", (upstream.POST_350,),
+                                 "lmdeploy 0.18.0's MacaOpsBackend breaks", refuses=True)
     monkeypatch.setitem(compat.SUPPORTED_SERIES, "maca", ("0.16", "0.17"))
-    monkeypatch.setattr(compat, "KNOWN_BREAKAGES", {("maca", "0.18"): "lmdeploy 0.18.0's MacaOpsBackend breaks"})
+    monkeypatch.setattr(upstream, "BREAKAGES", (*upstream.BREAKAGES, refusing))
     row = next(r for r in matrix.status_rows() if r.startswith("| 0.18.x |"))
     assert row.split(" | ")[3].startswith("**refused**: lmdeploy 0.18.0's MacaOpsBackend breaks")
+    assert any("| maca | " in r and "**refused**" in r for r in matrix.lmdeploy_rows() if r.startswith("| 0.18.x"))
     monkeypatch.setitem(compat.SUPPORTED_SERIES, "maca", ("0.16", "0.17", "0.18"))
-    monkeypatch.setattr(compat, "KNOWN_BREAKAGES", {})
+    monkeypatch.setattr(upstream, "BREAKAGES", tuple(b for b in upstream.BREAKAGES if b is not refusing))
     row = next(r for r in matrix.status_rows() if r.startswith("| 0.18.x |"))
     assert row.split(" | ")[3].startswith("yes")
 
 
-def test_the_matrix_lists_every_known_breakage_and_supported_series() -> None:
-    from vendor_graph.compat import KNOWN_BREAKAGES, SUPPORTED_SERIES
+def test_the_matrix_lists_every_supported_series_and_what_runs_it() -> None:
+    from vendor_graph.compat import SUPPORTED_SERIES
 
     rows = "\n".join(matrix.lmdeploy_rows())
-    for (vendor, series) in KNOWN_BREAKAGES:
-        assert f"| {series}.x | {vendor} |" in rows and "**refused**" in rows
     for vendor in ("ascend", "camb", "maca"):
         for series in SUPPORTED_SERIES[vendor]:
             assert f"| {series}.x | {vendor} |" in rows
-    assert "dlinfer.vendor.ascend.version" in rows and "actual_seq_lengths_cpu" in rows
+    assert "| 0.18.x | ascend | dlinfer's GitHub main from source, or dlinfer-ascend 0.2.7 (PyPI, aarch64 only); " \
+           "runs with: post-#350 |" in rows
+    assert "| 0.18.x | camb | **no dlinfer works**: " in rows and "actual_seq_lengths_cpu" in rows
 
 
 def _workflow_pairs() -> list[dict[str, str]]:

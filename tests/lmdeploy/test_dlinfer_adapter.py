@@ -8,6 +8,7 @@ CPU kernels (it is not the simulator).
 
 import importlib
 import logging
+import os
 import sys
 import types
 
@@ -454,3 +455,26 @@ def test_post_350_refuses_what_its_runtime_check_refuses(torch_version, torch_np
     assert (answer is None) if refused is None else (refused in answer), answer
     earlier = dlinfer_adapter.DlinferGeneration(dlinfer_adapter.A50184E_ERA, "here", ("x",))
     assert earlier.refusal(torch_version, torch_npu_version) is None
+
+
+@pytest.mark.parametrize("files, name", [(POST_350_FILES, dlinfer_adapter.POST_350),
+                                         (A50184E_FILES, dlinfer_adapter.A50184E_ERA)])
+def test_doctor_names_the_dlinfer_generation_and_what_it_refuses(monkeypatch, tmp_path, files, name):
+    """``vendor-graph doctor`` says which dlinfer generation it found (with the evidence) and, for a post-#350
+    dlinfer, that its import refuses the simulated G5 (2.9.0.post9 beside torch 2.13) but not 2.13.0."""
+    from vendor_graph import doctor
+
+    monkeypatch.setattr(dlinfer_adapter, "_package_root", lambda: _write_tree(tmp_path, files))
+    for variable in [v for v in os.environ if v.startswith("VENDOR_GRAPH_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("VENDOR_GRAPH_SIM", "G5")
+    lines, problems = doctor.report()
+    text = "\n".join(lines)
+    assert f"dlinfer generation: {name} (" in text
+    assert "AscendGraphRunner takes is_mla: " + ("yes" if name == dlinfer_adapter.POST_350 else "no") in text
+    refusal = "! post-#350 dlinfer refuses torch 2.13.0 with torch_npu 2.9.0.post9 (their major.minor must be the same)"
+    assert (refusal in text) == (name == dlinfer_adapter.POST_350), text
+    assert problems == (1 if name == dlinfer_adapter.POST_350 else 0), text
+    monkeypatch.setenv("VENDOR_GRAPH_SIM", "2.13.0")
+    lines, problems = doctor.report()
+    assert "post-#350 dlinfer refuses" not in "\n".join(lines) and problems == 0

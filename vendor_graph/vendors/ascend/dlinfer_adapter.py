@@ -53,6 +53,7 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ... import patching
+from ...upstream import A50184E_ERA, POST_350
 from . import hook
 from .seqlen import ATTENTION_OPS
 
@@ -133,8 +134,6 @@ def _decode_signature_problem(module: Any) -> str | None:
 
 # -- which dlinfer generation is here, by what it contains -----------------------------------------------------
 
-A50184E_ERA = "a50184e-era"
-POST_350 = "post-#350"
 VERSION_MODULE = "dlinfer.vendor.ascend.version"
 # ensure_ascend_runtime()'s rule, run at ``import dlinfer`` after PR #350 (dlinfer/vendor/ascend/version.py)
 POST_350_MIN_TORCH = "2.8.0"
