@@ -122,9 +122,9 @@ DEFAULT_CACHE = Path("/tmp/torch_npu_wheels")
 # The wheel read for a version is chosen from PyPI's JSON API, the same way for releases and pre-releases:
 # the first Python of PYTHONS that has an x86_64 wheel of one of PLATFORMS, then the first such platform,
 # then the file name; yanked files and sdists are never chosen.  Up to 2.6.x torch_npu builds manylinux2014,
-# from 2.7.1 on manylinux_2_28.  The 47 releases of the table and the pre-releases from 2.5.1rc1 on have a
-# cp311 build; 2.1.0rc1 … 2.4.0rc1 and the releases 2.1.0, 2.1.0.post3/post6, 2.2.0, 2.2.0.post2 and 2.3.1
-# (not in the table: `pip index versions` under Python 3.11 never listed them) stop at cp310.
+# from 2.7.1 on manylinux_2_28.  Every release from 2.1.0.post8 on and the pre-releases from 2.5.1rc1 on have a
+# cp311 build; 2.1.0rc1 … 2.4.0rc1 and the releases 2.1.0, 2.1.0.post3/post6, 2.2.0, 2.2.0.post2 and 2.3.1 stop
+# at cp310 (which vendor_graph supports, so they are in the table too: all G0).
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 PYTHONS = ("3.11", "3.10", "3.9", "3.12")
 PYPI_JSON = "https://pypi.org/pypi/torch-npu/json"

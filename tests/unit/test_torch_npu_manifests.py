@@ -35,7 +35,8 @@ GENERATIONS = ("G0", "G1", "G2a", "G2b", "G2c", "G3a", "G3b", "G4", "G5")
 
 # research file §1/§2: every PyPI release and its generation
 RESEARCH = {
-    "G0": ("2.1.0.post8", "2.1.0.post10", "2.3.1.post2", "2.3.1.post4", "2.4.0", "2.4.0.post2"),
+    "G0": ("2.1.0", "2.1.0.post3", "2.1.0.post6", "2.1.0.post8", "2.1.0.post10", "2.2.0", "2.2.0.post2", "2.3.1",
+           "2.3.1.post2", "2.3.1.post4", "2.4.0", "2.4.0.post2"),  # 2.1.0 ... 2.3.1: cp310 wheels only
     "G1": ("2.1.0.post12", "2.3.1.post6", "2.4.0.post4", "2.5.1"),
     "G2a": ("2.1.0.post13", "2.5.1.post1", "2.6.0"),
     "G2b": ("2.1.0.post17", "2.7.1", "2.8.0"),
@@ -101,7 +102,7 @@ def test_every_generation_has_a_manifest() -> None:
 
 def test_table_covers_every_pypi_release_in_order() -> None:
     expected = {v: g for g, versions in RESEARCH.items() for v in versions}
-    assert len(expected) == 47
+    assert len(expected) == 53
     assert {v: g for v, g in av.GENERATION_BY_VERSION.items() if not av.is_prerelease(v)} == expected
     keys = [tool.version_key(v) for v in av.KNOWN_VERSIONS]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
@@ -177,7 +178,7 @@ def test_generation_of_rejects_unknown_versions(version: str) -> None:
         av.generation_of(version)
     message = str(err.value)
     assert repr(version) in message
-    assert "2.1.0.post8" in message and "2.14.0" in message and "47 releases" in message
+    assert "2.1.0" in message and "2.14.0" in message and "53 releases" in message
 
 
 def test_generation_of_rejects_dev_builds_and_garbage() -> None:

@@ -34,9 +34,9 @@ GRAPH, TASK, NONE = "graph-update", "task-update", "none"
 #                 seq-len path per op of vendor-graph paths: FIA .default, FIA .out, FIA v2 .out, paged attention,
 #                 MLA .out, paged attention MLA)
 EXPECTED: dict[str, tuple[str, str, str | None, tuple[str, ...]]] = {
-    "2.1.0rc1": ("G0", "2023-10-16", None, (NONE,) * 6),
-    "2.2.0rc1": ("G0", "2024-02-07", None, (NONE,) * 6),
-    "2.3.1rc1": ("G0", "2024-06-06", None, (NONE,) * 6),
+    "2.1.0rc1": ("G0", "2023-10-16", "2.1.0", (NONE,) * 6),
+    "2.2.0rc1": ("G0", "2024-02-07", "2.2.0", (NONE,) * 6),
+    "2.3.1rc1": ("G0", "2024-06-06", "2.3.1", (NONE,) * 6),
     "2.4.0rc1": ("G0", "2024-08-09", "2.4.0", (NONE,) * 6),
     "2.5.1rc1": ("G0", "2024-11-08", "2.5.1", (NONE,) * 6),
     "2.6.0rc1": ("G1", "2025-04-24", "2.6.0", (TASK,) * 6),
@@ -172,7 +172,7 @@ def test_version_order_puts_prereleases_before_their_release() -> None:
 def test_a_prerelease_not_on_pypi_is_refused_not_mapped_to_its_release(version: str) -> None:
     with pytest.raises(ValueError, match="is a pre-release that is not on PyPI") as err:
         av.generation_of(version)
-    assert "14 pre-releases" in str(err.value) and "47 releases" in str(err.value)
+    assert "14 pre-releases" in str(err.value) and "53 releases" in str(err.value)
 
 
 def test_settings_and_the_cli_take_prerelease_spellings() -> None:
@@ -277,8 +277,9 @@ def test_every_committed_wheel_is_the_one_the_rule_takes() -> None:
         manifest = json.loads(path.read_text())
         name = manifest["wheel"]["filename"]
         assert name.split("-")[1] == manifest["version"] and tool._wheel_rank(name) is not None, name
-        # cp311 wherever the version has one: every release of the table, the pre-releases from 2.5.1rc1 on
-        cp310_only = {"2.1.0rc1", "2.2.0rc1", "2.3.1rc1", "2.4.0rc1"}
+        # cp311 wherever the version has one: the releases from 2.1.0.post8 on, the pre-releases from 2.5.1rc1 on
+        cp310_only = {"2.1.0rc1", "2.2.0rc1", "2.3.1rc1", "2.4.0rc1",
+                      "2.1.0", "2.1.0.post3", "2.1.0.post6", "2.2.0", "2.2.0.post2", "2.3.1"}
         assert ("-cp310-" if manifest["version"] in cp310_only else "-cp311-") in name, name
 
 
@@ -287,8 +288,10 @@ def test_every_committed_wheel_is_the_one_the_rule_takes() -> None:
     os.environ.get("VENDOR_GRAPH_NETWORK_TESTS") != "1",
     reason="reads PyPI's JSON API and downloads torch_npu wheels; set VENDOR_GRAPH_NETWORK_TESTS=1",
 )
-def test_pypi_has_no_prerelease_without_a_manifest_and_two_reextract_identically(tmp_path: Path) -> None:
-    assert [v for v in tool.list_pypi_versions() if tool.is_prerelease(v)] == list(av.PRERELEASE_VERSIONS)
+def test_pypi_has_no_version_without_a_manifest_and_two_reextract_identically(tmp_path: Path) -> None:
+    on_pypi = tool.list_pypi_versions()
+    assert [v for v in on_pypi if tool.is_prerelease(v)] == list(av.PRERELEASE_VERSIONS)
+    assert [v for v in on_pypi if not tool.is_prerelease(v)] == list(av.KNOWN_VERSIONS)  # cp310-only ones too
     # the two inexact ones (17 MB and 44 MB)
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--check", "--cache", os.environ.get("VENDOR_GRAPH_WHEEL_CACHE", str(tmp_path)),

@@ -260,11 +260,17 @@ PRERELEASE_DECIDING: dict[str, tuple[str, ...]] = {
     ),
 }
 RELEASES: tuple[Release, ...] = (
+    Release("2.1.0", "G0", "2023-12-25", "manifest"),
+    Release("2.1.0.post3", "G0", "2024-04-18", "manifest"),
+    Release("2.1.0.post6", "G0", "2024-07-16", "manifest"),
     Release("2.1.0.post8", "G0", "2024-10-29", "manifest"),
     Release("2.1.0.post10", "G0", "2025-01-04", "manifest"),
     Release("2.1.0.post12", "G1", "2025-04-24", "manifest"),
     Release("2.1.0.post13", "G2a", "2025-07-22", "manifest"),
     Release("2.1.0.post17", "G2b", "2025-10-23", "manifest"),
+    Release("2.2.0", "G0", "2024-04-18", "manifest"),
+    Release("2.2.0.post2", "G0", "2024-07-16", "manifest"),
+    Release("2.3.1", "G0", "2024-07-16", "manifest"),
     Release("2.3.1.post2", "G0", "2024-10-29", "manifest"),
     Release("2.3.1.post4", "G0", "2025-01-04", "manifest"),
     Release("2.3.1.post6", "G1", "2025-04-24", "manifest"),
