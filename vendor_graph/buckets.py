@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice, pairwise
+
+from . import _values
 
 __all__ = [
     "MAX_BATCHES_LIMIT",
@@ -47,17 +49,17 @@ def _is_int(value: object) -> bool:
 
 def check_batch(what: str, value: object) -> int:
     if not _is_int(value):
-        raise BucketTypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
+        raise BucketTypeError(f"{what} must be an int, got {_values.show(value)}")
     return operator.index(value)  # type: ignore[call-overload]
 
 
 def check_max_batches(max_batches: object) -> int:
     value = check_batch("max_batches", max_batches)
     if value < 1:
-        raise ValueError(f"max_batches must be a positive int, got {max_batches!r}")
+        raise ValueError(f"max_batches must be a positive int, got {value}")
     if value > MAX_BATCHES_LIMIT:
         raise ValueError(
-            f"max_batches {value} is above {MAX_BATCHES_LIMIT}, vendor_graph's bound: lmdeploy's own "
+            f"max_batches {_values.show(value)} is above {MAX_BATCHES_LIMIT}, vendor_graph's bound: lmdeploy's own "
             f"max_batch_size defaults are 128-1024 and every live sequence needs a KV-cache block"
         )
     return value
@@ -81,18 +83,29 @@ def cuda_capture_sizes(max_batches: int) -> list[int]:
     return sizes
 
 
+def _listed(name: str, sizes: object) -> list:
+    """The first ``MAX_BATCHES_LIMIT + 1`` items of ``sizes``, any iterable but a str, bytes or a mapping."""
+    if isinstance(sizes, (str, bytes, bytearray, Mapping)) or not isinstance(sizes, Iterable):
+        raise BucketTypeError(f"{name} must be a sequence of ints (a list, tuple, range or 1-d integer array), "
+                              f"got {_values.show(sizes)}")
+    try:
+        return list(islice(sizes, MAX_BATCHES_LIMIT + 1))
+    except TypeError:  # a 0-d array: Iterable, but not iterable
+        raise BucketTypeError(f"{name} must be a sequence of ints, got {_values.show(sizes)}") from None
+
+
 def explicit_capture_sizes(sizes: Iterable[int], max_batches: int) -> list[int]:
     """User-chosen sizes (lmdeploy's ``cudagraph_capture_batch_sizes``), normalised as lmdeploy does.
 
     Sorted and deduplicated, sizes above ``max_batches`` dropped, ``max_batches`` appended.
     """
     max_batches = check_max_batches(max_batches)
-    given = list(islice(sizes, MAX_BATCHES_LIMIT + 1))
+    given = _listed("cudagraph_capture_batch_sizes", sizes)
     if len(given) > MAX_BATCHES_LIMIT:
         raise ValueError(f"cudagraph_capture_batch_sizes has more than {MAX_BATCHES_LIMIT} sizes")
-    not_ints = [s for s in given if not _is_int(s)]
+    not_ints = [_values.show(s) for s in given if not _is_int(s)]
     if not_ints:
-        raise BucketTypeError(f"cudagraph_capture_batch_sizes must be positive ints, got {not_ints}")
+        raise BucketTypeError(f"cudagraph_capture_batch_sizes must be positive ints, got {', '.join(not_ints[:3])}")
     values = [operator.index(s) for s in given]
     if not values:
         raise ValueError("cudagraph_capture_batch_sizes is empty; leave it unset to use the default sizes")
@@ -118,41 +131,48 @@ def capture_sizes(rule: Callable[[int], list[int]], max_batches: int,
     return rule(max_batches)
 
 
-def _check_capture_sizes(capture_sizes: Sequence[int]) -> None:
-    if not capture_sizes:
+def _check_capture_sizes(capture_sizes: object) -> list[int]:
+    """``capture_sizes`` as a list of ints, checked: positive and strictly ascending."""
+    given = _listed("capture_sizes", capture_sizes)
+    if not given:
         raise ValueError("no capture sizes: graph mode has nothing captured to pad to")
-    bad = [s for s in capture_sizes if isinstance(s, bool) or not isinstance(s, int)]
+    bad = [_values.show(s) for s in given if not _is_int(s)]
     if bad:
-        raise BucketTypeError(f"capture sizes must be ints, got {bad} in {list(capture_sizes)}")
-    if capture_sizes[0] < 1 or any(a >= b for a, b in pairwise(capture_sizes)):
+        raise BucketTypeError(f"capture sizes must be ints (argument capture_sizes), got {', '.join(bad[:3])}")
+    sizes = [operator.index(s) for s in given]
+    if sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes)):
         raise ValueError(
-            f"capture sizes {list(capture_sizes)} are not positive and strictly ascending; normalise them "
-            f"with explicit_capture_sizes(), as lmdeploy does cudagraph_capture_batch_sizes"
+            f"capture sizes {sizes if len(sizes) <= 64 else sizes[:64] + ['...']} are not positive and strictly "
+            f"ascending; normalise them with explicit_capture_sizes(), as lmdeploy does cudagraph_capture_batch_sizes"
         )
+    return sizes
 
 
-# The sizes pad_to_bucket() checked last and a copy of them: a runner passes the same list every step,
-# so the check runs once per runner, not once per decode step.
-_checked: tuple[object, object] = (None, None)
+# The sizes pad_to_bucket() checked last, a copy of them and the checked list of ints: a runner passes the same
+# list every step, so the check runs once per runner, not once per decode step.
+_checked: tuple[object, object, list[int]] = (None, None, [])
 
 
 def pad_to_bucket(capture_sizes: Sequence[int], batch: int) -> int:
     """The smallest captured size that holds ``batch``.
 
-    ``capture_sizes`` must be ints, sorted ascending without repeats (every policy here returns them so).
-    Raises ``ValueError`` naming the sizes when ``batch`` is below 1 or above the largest size, and
-    :class:`BucketTypeError` when ``batch`` is not an integer.
+    ``capture_sizes`` must be ints (numpy integers too: any sequence of them, an integer array included), sorted
+    ascending without repeats (every policy here returns them so). Raises ``ValueError`` naming the sizes when
+    ``batch`` is below 1 or above the largest size, and :class:`BucketTypeError` when ``batch`` or a size is not an
+    integer or ``capture_sizes`` is not a sequence.
     """
     global _checked
     if type(batch) is not int:
         batch = check_batch("batch", batch)
-    last, copy = _checked
-    if capture_sizes is not last or capture_sizes != copy:
-        _check_capture_sizes(capture_sizes)
-        _checked = (capture_sizes, capture_sizes[:])
-    if batch < 1 or batch > capture_sizes[-1]:
+    last, copy, sizes = _checked
+    if capture_sizes is not last or type(capture_sizes) not in (list, tuple) or capture_sizes != copy:
+        sizes = _check_capture_sizes(capture_sizes)
+        copy = capture_sizes[:] if type(capture_sizes) in (list, tuple) else None  # type: ignore[index]
+        _checked = (capture_sizes, copy, sizes)
+    if batch < 1 or batch > sizes[-1]:
+        shown = sizes if len(sizes) <= 64 else [*sizes[:64], "..."]
         raise ValueError(
-            f"batch {batch} has no graph: captured sizes are {list(capture_sizes)} "
-            f"(1 <= batch <= {capture_sizes[-1]}); raise max_batch_size or run this step eager"
+            f"batch {_values.show(batch) if batch > MAX_BATCHES_LIMIT else batch} has no graph: captured sizes are "
+            f"{shown} (1 <= batch <= {sizes[-1]}); raise max_batch_size or run this step eager"
         )
-    return capture_sizes[bisect_left(capture_sizes, batch)]
+    return sizes[bisect_left(sizes, batch)]

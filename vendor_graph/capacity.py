@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import buckets, patching, settings
+from . import _values, buckets, patching, settings
 
 logger = logging.getLogger("vendor_graph")
 
@@ -76,6 +76,12 @@ class CapturePlan:
     note: str | None = None
 
 
+def _check_current(current: Any) -> None:
+    if current is not None and not isinstance(current, settings.Settings):
+        raise TypeError(f"current must be a vendor_graph.settings.Settings (settings.parse() gives one) or None, got "
+                        f"{_values.show(current)}")
+
+
 def _normalised(sizes: Sequence[int], max_batches: int, where: str) -> tuple[int, ...]:
     try:
         return tuple(buckets.explicit_capture_sizes(sizes, max_batches))
@@ -89,8 +95,16 @@ def resolve_capture_plan(vendor: str, max_batches: int, default_sizes: Sequence[
                          quiet: bool = False) -> CapturePlan:
     """The capture plan of a runner of ``vendor`` (see the module docstring for the precedence);
     ``quiet``: log nothing (the executor's look ahead at what its runners will capture)."""
+    _check_current(current)
+    if not isinstance(vendor, str):
+        raise TypeError(f"vendor must be a vendor name (a str such as 'ascend'), got {_values.show(vendor)}")
     current = current or settings.current()
     max_batches = buckets.check_max_batches(max_batches)
+    default_sizes = _values.whole_sequence("default_sizes", default_sizes, limit=buckets.MAX_BATCHES_LIMIT)
+    num_layers = _values.whole("num_layers", num_layers)
+    num_blocks = _values.whole("num_blocks", num_blocks)
+    if reserved_bytes is not None:
+        reserved_bytes = _values.whole("reserved_bytes", reserved_bytes)
     reserved = reserved_bytes
     explicit: list[tuple[str, tuple[int, ...]]] = []
     if lmdeploy_sizes is not None:
@@ -207,6 +221,12 @@ def reservation(max_batches: int, current: settings.Settings | None = None, *, v
     held (the vendor's buffer spec at its ``num_gpu_blocks``; the block table grows with the cache) and the
     rest (the pool's activations), scaled up with ``max_batches``. It then adds the buffers of ``sizes`` at
     ``num_blocks`` (this run's plan and cache), and :data:`MARGIN` on the whole."""
+    _check_current(current)
+    max_batches = buckets.check_max_batches(max_batches)
+    if sizes is not None:
+        sizes = _values.whole_sequence("sizes", sizes, limit=buckets.MAX_BATCHES_LIMIT)
+    if num_blocks is not None:
+        num_blocks = _values.whole("num_blocks", num_blocks)
     current = current or settings.current()
     value = current.graph_memory
     if value == "off":
@@ -264,6 +284,9 @@ def planned_blocks(cache_config: Any, free: Sequence[int], cache_plan: Any) -> i
     """The KV blocks lmdeploy will make from ``free`` (at most: the reservation only lowers it)."""
     if getattr(cache_config, "num_gpu_blocks", 0):
         return int(cache_config.num_gpu_blocks)
+    if isinstance(free, (str, bytes)) or not isinstance(free, Sequence) or not len(free):
+        raise TypeError(f"free must be a non-empty sequence of each rank's free memory in bytes, got "
+                        f"{_values.show(free)}")
     block = _block_bytes(cache_plan)
     return max(0, int(max(free) * cache_config.cache_max_entry_count) // block) if block else 0
 

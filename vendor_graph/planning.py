@@ -25,6 +25,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from . import _values
+
 STATS_FORMAT = "vendor_graph.stats/1"
 STATS_VENDORS = ("cuda", "ascend", "camb", "maca")
 REQUIRED_KEYS = ("vendor", "max_batches", "capture_sizes", "batch_histogram")
@@ -39,32 +41,40 @@ class PlanError(ValueError):
 
 
 def _size(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise PlanError(f"{what} {value!r} is not a whole number; batch sizes are whole numbers of 1 or more")
+    if not _values.is_index(value):
+        raise PlanError(f"{what} {_values.brief(value)} is not a whole number; batch sizes are whole numbers of 1 or "
+                        f"more")
+    value = _values.whole(what, value, PlanError)
     if value < 1:
         raise PlanError(f"{what} {value} is not positive; batch sizes are whole numbers of 1 or more")
-    return int(value)
+    return value
 
 
 def _weights(weights: Mapping[Any, Any]) -> tuple[dict[int, int], int]:
     """``weights`` as whole numbers over a common denominator, so that every sum and comparison is exact."""
+    if not isinstance(weights, Mapping):
+        raise PlanError(f"weights must be a mapping of batch size -> tokens (a dict), got {_values.show(weights)}")
     exact: dict[int, Fraction] = {}
     for batch, weight in weights.items():
         batch = _size(batch, "batch")
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-            raise PlanError(f"batch {batch}: weight {weight!r} is not a finite number; give token counts "
-                            f"(decode steps x query length)")
+        if not _values.is_index(weight) and (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+                                             or not math.isfinite(weight)):
+            raise PlanError(f"batch {batch}: weight {_values.brief(weight)} is not a finite number (an int or a "
+                            f"float); give token counts (decode steps x query length)")
+        if _values.is_index(weight):
+            weight = _values.whole("weight", weight)
         if weight < 0:
             raise PlanError(f"batch {batch}: weight {weight} is negative; give token counts (decode steps x "
                             f"query length), 0 or more")
-        exact[batch] = Fraction(weight)
+        exact[batch] = _values.count(f"batch {batch}: weight", weight, PlanError)
     denominator = math.lcm(*(w.denominator for w in exact.values())) if exact else 1
     return {b: int(w * denominator) for b, w in exact.items()}, denominator
 
 
 def _check_graphs(max_graphs: Any) -> int:
-    if isinstance(max_graphs, bool) or not isinstance(max_graphs, numbers.Integral):
-        raise PlanError(f"max_graphs {max_graphs!r} is not a whole number; give 1 or more")
+    if not _values.is_index(max_graphs):
+        raise PlanError(f"max_graphs {_values.brief(max_graphs)} is not a whole number (an int); give 1 or more")
+    max_graphs = _values.whole("max_graphs", max_graphs, PlanError)
     if max_graphs < 1:
         raise PlanError(f"max_graphs {max_graphs}: at least one graph (max_batches) is captured; give 1 or more")
     return int(max_graphs)
@@ -86,7 +96,7 @@ def fit_sizes(weights: Mapping[int, int | float], max_batches: int, max_graphs: 
     exact, _ = _weights(weights)
     max_batches = _size(max_batches, "max_batches")
     max_graphs = _check_graphs(max_graphs)
-    required = sorted({_size(s, "required size") for s in required})
+    required = sorted({_size(s, "required size") for s in _values.items("required", required, PlanError)})
     if not exact or sum(exact.values()) == 0:
         raise PlanError("the histogram holds no decode steps (total weight 0); record a workload that decodes "
                         "(run it with VENDOR_GRAPH_STATS_FILE set) and plan from that")
@@ -176,7 +186,7 @@ def _layer(previous: list[Any], size: list[int], tokens: list[Any], mass: list[A
 
 
 def _sized(sizes: Iterable[int]) -> list[int]:
-    return sorted({_size(s, "capture size") for s in sizes})
+    return sorted({_size(s, "capture size") for s in _values.items("sizes", sizes, PlanError)})
 
 
 def _bucket(sizes: list[int], batch: int) -> int:
@@ -253,6 +263,7 @@ def _histogram(path: Any, key: str, value: Any) -> dict[int, int]:
 def read_stats(path: str | Path) -> dict:
     """The stats document at ``path``, checked: PlanError naming the path and the fix when it is not one."""
     fix = "give a file written by vendor_graph (VENDOR_GRAPH_STATS_FILE=PATH while the workload runs)"
+    _values.path("path", path, PlanError)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -312,6 +323,13 @@ def load_workload(paths: Sequence[str | Path]) -> Workload:
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    if paths is not None and not isinstance(paths, (list, tuple)):
+        if isinstance(paths, (bytes, Mapping)) or not isinstance(paths, Iterable):
+            raise PlanError(f"paths must be a path or a sequence of paths (str or pathlib.Path), got "
+                            f"{_values.show(paths)}")
+        paths = list(paths)
+    for i, path in enumerate(paths or ()):
+        _values.path(f"paths[{i}]", path, PlanError)
     if not paths:
         raise PlanError("no stats files given; give one or more files written with VENDOR_GRAPH_STATS_FILE")
     steps: dict[int, int] = {}
@@ -410,11 +428,17 @@ def plan_for(workload: Workload, max_graphs: int, required: Iterable[int] = (), 
     On Ascend the ExternalEvent budget caps ``max_graphs`` (``event_budget``: ``"env"`` reads
     ``VENDOR_GRAPH_NPU_EVENT_BUDGET``; None: no limit; or a number of events).
     """
+    if not isinstance(workload, Workload):
+        raise PlanError(f"workload must be a planning.Workload (load_workload() gives one), got "
+                        f"{_values.show(workload)}")
     files = ", ".join(workload.files) or "the workload"
     if not workload.decode_steps:
         raise PlanError(f"{files}: no decode steps recorded; run the workload longer (or until it decodes) with "
                         f"VENDOR_GRAPH_STATS_FILE set, then plan from the new file")
     max_graphs = _check_graphs(max_graphs)
+    required = _values.items("required", required, PlanError)
+    if not (event_budget is None or isinstance(event_budget, (str, bool, int))):
+        event_budget = _values.whole("event_budget", event_budget, PlanError)
     recorded = sorted(workload.capture_sizes)
     seen = max(workload.steps)
     if not recorded or seen > recorded[-1]:

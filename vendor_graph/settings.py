@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import REFERENCE_VENDORS, VENDORS
+from . import REFERENCE_VENDORS, VENDORS, _values
 
 PREFIX = "VENDOR_GRAPH_"
 
@@ -486,8 +486,9 @@ class SettingsError(ValueError):
 
 
 def parse(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings of ``environ`` (default ``os.environ``); :class:`SettingsError` naming every bad value."""
-    env = os.environ if environ is None else environ
+    """The settings of ``environ`` (default ``os.environ``); :class:`SettingsError` naming every bad value.
+    ``environ``: a mapping of names to text (None: unset); TypeError naming the entry that is not text."""
+    env = os.environ if environ is None else _values.environ("environ", environ, PREFIX)
     values: dict[str, Any] = {}
     problems: list[Problem] = []
     for setting in SETTINGS.values():
@@ -535,9 +536,9 @@ class Reading:
 def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
     """Every ``VENDOR_GRAPH_*`` variable set in ``environ`` (default ``os.environ``), by name, through
     the parser :func:`parse` uses."""
-    env = os.environ if environ is None else environ
+    env = os.environ if environ is None else _values.environ("environ", environ, PREFIX)
     out = []
-    for name in sorted(k for k in env if k.startswith(PREFIX)):
+    for name in sorted(k for k in env if isinstance(k, str) and k.startswith(PREFIX)):
         raw, setting = env[name], KNOWN.get(name)
         if setting is None:
             out.append(Reading(name, raw, None))

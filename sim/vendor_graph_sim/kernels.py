@@ -64,7 +64,9 @@ operator                                        source
                                                 layouts BSND/TND, head dim 64 or 128.
 ``atb::_npu_reshape_and_cache``                 real name and schema (op-plugin
                                                 ``ReshapeAndCachAtb.cpp``): negative slot skipped, empty
-                                                input and a slot past the cache raise, int32 slots only.
+                                                input, a slot outside (-N, N) and a non-negative slot
+                                                two tokens share raise (ATB's documented slotMapping
+                                                rules), int32 slots only.
 ``atb::_npu_flash_attention`` (``_unpad``)      real names and schemas (op-plugin
                                                 ``SelfAttentionAtb.cpp``, ``SelfAttentionUnpadAtb.cpp``):
                                                 packed-token prefill with a host ``seq_len``; non-zero
@@ -813,7 +815,22 @@ def _check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, valu
                            f" {key_cache.dtype}, {value_cache.dtype}")
 
 
+def _repeated_slots(slots: Tensor) -> Tensor:
+    """Per token: its non-negative slot is also the slot of an earlier token of the same call (no host sync)."""
+    order = torch.argsort(slots, stable=True)
+    ranked = slots.index_select(0, order)
+    later = torch.zeros_like(ranked, dtype=torch.bool)
+    later[1:] = (ranked[1:] == ranked[:-1]) & (ranked[1:] >= 0)
+    return torch.zeros_like(later).index_copy_(0, order, later)
+
+
 def _atb_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    """Rules (docs/ascend_kernel_facts.md, "Rules the emulators enforce"): ATB's ReshapeAndCacheParam table
+    gives slotMapping the open range (-num_blocks*block_size, num_blocks*block_size) "and no repeated values";
+    the kernels skip a negative slot. A slot outside the range, or a non-negative slot two tokens share, is
+    refused when the op runs (at replay for a captured graph). Several negative slots (every -1 of a padded
+    graph, as dlinfer's own runner and vllm-ascend pad) are allowed: the kernels skip them before writing,
+    though the table read literally counts them as repeats too."""
     _check_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
     nb, bs, heads = key_cache.shape[:3]
     capacity = nb * bs
@@ -821,6 +838,21 @@ def _atb_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     _raise_if_any(slots >= capacity, lambda t: (
         f"_npu_reshape_and_cache: slot {int(slots[t]) if t is not None else '?'} (token {t}) is past the cache "
         f"(num_blocks*block_size = {capacity})"))
+    _raise_if_any(slots <= -capacity, lambda t: (
+        f"_npu_reshape_and_cache: slot {int(slots[t]) if t is not None else '?'} (token {t}) is below the "
+        f"documented range (-{capacity}, {capacity}) (-num_blocks*block_size is excluded)"))
+    repeated = _repeated_slots(slots)
+
+    def describe_repeat(t):
+        if t is None:
+            return ("_npu_reshape_and_cache: a slot is written by two tokens of one call; ATB documents slotMapping "
+                    "values as never repeating (padding rows must not share a slot: pad with -1)")
+        first = int((slots == slots[t]).to(torch.uint8).argmax())
+        return (f"_npu_reshape_and_cache: slot {int(slots[t])} is written by tokens {first} and {t} of one call; "
+                "ATB documents slotMapping values as never repeating (padding rows must not share a slot: pad "
+                "with -1, which the kernels skip)")
+
+    _raise_if_any(repeated, describe_repeat)
     for src, cache in ((key, key_cache), (value, value_cache)):
         flat = cache.view(capacity, heads, cache.shape[-1])  # in place: the cache must be viewable flat
         _masked_slot_write(flat, src, slots)  # a negative slot writes nothing
@@ -863,7 +895,14 @@ def _npu_scatter_nd_update_(self, indices, updates):
                 f"{tuple(self.shape[:a])} (out-of-range indices, -1 padding included, are unsupported)")
 
     _raise_if_any(bad, describe)
-    self.index_put_(tuple(idx[:, k] for k in range(a)), updates.reshape(rows, *self.shape[a:]))
+    # Repeated indices: the docs neither forbid them nor say which update wins (aclnnScatterNdUpdate states a
+    # deterministic implementation; torch_npu's own example draws repeating random indices). Modelled as the
+    # last update winning, order-independently: every row aimed at an index writes that index's last update.
+    same = (idx.unsqueeze(1) == idx.unsqueeze(0)).all(-1)  # (rows, rows)
+    order = torch.arange(rows, dtype=torch.int64, device=idx.device)
+    winner = torch.where(same, order.unsqueeze(0), -1).amax(dim=1)
+    src = updates.reshape(rows, *self.shape[a:]).index_select(0, winner)
+    self.index_put_(tuple(idx[:, k] for k in range(a)), src)
     return self
 
 

@@ -345,8 +345,20 @@ class TinyDecoder(nn.Module, CudaGraphMixin):
             attention = self._lmdeploy_attention
             with _dlinfer_vendor(self.vendor):
                 return attention.forward(q, k, v, k_cache, v_cache, meta)
-        kernels.fill_kv_cache(k, v, k_cache, v_cache, start, self.kv_layout)
+        self._ascend_fill_kv_cache(k, v, k_cache, v_cache, start)
         return self._ascend_attention(q, k_cache, v_cache, meta)
+
+    def _ascend_fill_kv_cache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> None:
+        """The decode step's KV write through the ops dlinfer's Ascend ``fill_kv_cache`` calls, with their
+        documented slot rules (docs/ascend_kernel_facts.md): ATB ReshapeAndCache when K and V head sizes agree
+        (a negative slot skipped, a repeated one refused), ``npu_scatter_nd_update_`` of the key cache
+        flattened to ``[blocks*block_size, 1, D]`` for MLA (an index outside the cache, -1 included, refused)."""
+        if self.is_mla:
+            torch.ops.npu.npu_scatter_nd_update_(torch.flatten(k_cache, start_dim=0, end_dim=1), slots.view(-1, 1),
+                                                 k.contiguous())
+            return
+        torch.ops.atb._npu_reshape_and_cache(key=k.contiguous(), value=v.contiguous(), key_cache=k_cache,
+                                             value_cache=v_cache, slot_indices=slots.to(torch.int32))
 
     @functools.cached_property
     def _lmdeploy_attention(self):

@@ -43,6 +43,14 @@ MUTATIONS = (
         "        return [-1] * dims.tokens",
         "        return [0] * dims.tokens",
         (f"{ASCEND_PARITY}[fia-G5]",)),
+    # Item 6 of issue 29: the KV write's documented slot rules (docs/ascend_kernel_facts.md). With -1 changed to 0
+    # above, every padding row writes slot 0: ATB ReshapeAndCache refuses the repeated slot at the first replay.
+    Mutation(
+        "MLA KV padding -1 (npu_scatter_nd_update_ documents an index out of range as unsupported)",
+        "vendors/ascend/spec.py",
+        "    return [i % block_size for i in range(dims.tokens)]",
+        "    return [-1] * dims.tokens",
+        (f"{ASCEND_SHRINKING}[G5-mla]",)),
     Mutation(
         "Camb max_kv_seq_len left at the value frozen at capture", "cuda_style.py",
         'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',

@@ -242,6 +242,36 @@ def test_reshape_and_cache_rejects_empty_input_wrong_dtype_and_slots_past_the_ca
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_reshape_and_cache_refuses_a_repeated_slot_and_one_below_the_documented_range(device):
+    """ATB's ReshapeAndCacheParam table: slotMapping in (-num_blocks*block_size, num_blocks*block_size) "and no
+    repeated values" (docs/ascend_kernel_facts.md). Padding rows sharing one slot are refused; several -1 (every
+    padded graph's padding, as dlinfer pads) are not: the kernels skip a negative slot before writing."""
+    kc, vc = on(device, torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8))
+    before = kc.cpu().clone()
+    kv = on(device, torch.arange(4 * 8, dtype=torch.float32).view(4, 1, 8))
+    with pytest.raises(RuntimeError, match=r"slot 3 is written by tokens 1 and 3 .*never repeating"):
+        atb._npu_reshape_and_cache(kv, kv, kc, vc, on(device, torch.tensor([5, 3, -1, 3], dtype=torch.int32)))
+    with pytest.raises(RuntimeError, match=r"slot -8 .*below the documented range \(-8, 8\)"):
+        atb._npu_reshape_and_cache(kv, kv, kc, vc, on(device, torch.tensor([5, -8, -1, 2], dtype=torch.int32)))
+    assert torch.equal(kc.cpu(), before), "a refused call writes nothing"
+    atb._npu_reshape_and_cache(kv, kv, kc, vc, on(device, torch.tensor([-1, 6, -1, -7], dtype=torch.int32)))
+    assert same_bytes(kc, expected_cache(before, kv.cpu(), [-1, 6, -1, -7]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_nd_update_with_a_repeated_index_keeps_the_last_update(device):
+    """Its docs neither forbid repeated indices nor say which update wins (aclnnScatterNdUpdate: deterministic;
+    torch_npu's own example draws repeating indices): modelled as the last update winning."""
+    cache = on(device, torch.zeros(6, 1, 2))
+    updates = torch.arange(8, dtype=torch.float32).view(4, 1, 2)
+    npu.npu_scatter_nd_update_(cache, on(device, torch.tensor([[2], [5], [2], [0]], dtype=torch.int32)),
+                               on(device, updates))
+    exp = torch.zeros(6, 1, 2)
+    exp[5], exp[2], exp[0] = updates[1], updates[2], updates[3]
+    assert torch.equal(host(cache), exp)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_scatter_nd_update_fills_the_mla_cache_in_place(device):
     """dlinfer's MLA branch: the 4-d key cache flattened to [blocks*block_size, H, D], kv_indices.view(-1, 1)."""
     g = torch.Generator().manual_seed(7)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ...buckets import check_batch, check_max_batches
+from ... import _values
+from ...buckets import MAX_BATCHES_LIMIT, check_batch, check_max_batches
+
+__all__ = ["ascend_bucket", "ascend_capture_sizes"]
 
 
 def ascend_bucket(batch: int) -> int:
@@ -12,8 +15,9 @@ def ascend_bucket(batch: int) -> int:
     """
     if type(batch) is not int:
         batch = check_batch("batch", batch)
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
+    if batch < 1 or batch > MAX_BATCHES_LIMIT:
+        raise ValueError(f"batch must be from 1 to {MAX_BATCHES_LIMIT} (vendor_graph's bound on max_batches), got "
+                         f"{batch if batch < 1 else _values.show(batch)}")
     if batch <= 16:
         return 1 << (batch - 1).bit_length()
     if batch <= 256:
