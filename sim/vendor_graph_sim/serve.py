@@ -259,6 +259,9 @@ class Server:
                 os.killpg(pgid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
+            gone = time.monotonic() + 10  # a killed process stays in /proc until the kernel has torn it down
+            while group_members(pgid) and time.monotonic() < gone:
+                time.sleep(0.1)
         return Shutdown(seconds=seconds, returncode=returncode, strays=members, forced=forced)
 
 

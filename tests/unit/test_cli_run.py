@@ -87,8 +87,8 @@ sys.exit(0)
 SIGINT_CHILD = """
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-print("READY", os.getpid(), flush=True)
 try:
+    print("READY", os.getpid(), flush=True)  # inside the try: the signal may come as soon as READY is read
     time.sleep(60)
 except KeyboardInterrupt:
     open(sys.argv[1], "w").write("SIGINT")
