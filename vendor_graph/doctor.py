@@ -10,7 +10,6 @@ refuse is a problem, and so is an unknown name: a typo silently does nothing).
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import sys
@@ -262,8 +261,8 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
     out = []
     for r in readings:
         if r.setting is None:
-            near = difflib.get_close_matches(r.name, list(settings.KNOWN), n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
+            near = settings.closest(r.name)  # the name activation's warning names too
+            hint = f"; did you mean {near}?" if near else ""
             out.append((f"{r.name}={r.raw}: not a vendor_graph setting (a typo?){hint}; known: "
                         f"{', '.join(sorted(settings.SETTINGS))}", True))
         elif r.problem is not None:

@@ -259,9 +259,11 @@ def active() -> Activation | None:
 def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
     """Install ``vendor`` (idempotent); ``setup`` registers the vendor's patches on the activation.
 
-    Parses the settings (:class:`~vendor_graph.settings.SettingsError` when a value is not accepted)."""
+    Parses the settings (:class:`~vendor_graph.settings.SettingsError` when a value is not accepted) and warns,
+    once per process, of each ``VENDOR_GRAPH_*`` name it does not know, naming the closest known one."""
     global _active
     requested = settings.load().vendor
+    settings.warn_unknown()
     with _lock:
         if _active is not None:
             if _active.vendor == vendor:

@@ -11,24 +11,34 @@ neither torch nor lmdeploy: the autoload hook reads this module at interpreter s
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import math
 import os
 import re
+import stat
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from . import REFERENCE_VENDORS, VENDORS, _values
+from .userfiles import MAX_DEPTH, UserFileError, json_depth, loads, read_text
 
 PREFIX = "VENDOR_GRAPH_"
+logger = logging.getLogger("vendor_graph")
 
 
 # -- kinds: how a variable's text becomes a value --------------------------------------------------------
 
 
+class Refused(ValueError):
+    """A kind's refusal that says why (the value is too large, a file cannot be read): the problem shows it."""
+
+
 class Kind:
-    """Parses a variable's stripped, non-empty text; raises ValueError for text it does not accept."""
+    """Parses a variable's stripped, non-empty text; raises ValueError for text it does not accept
+    (:class:`Refused` where the reason is worth more than the accepted form)."""
 
     accepted = ""  # what it accepts, for errors and the doctor
     advice = ""  # how to write a good value
@@ -61,21 +71,31 @@ class Flag(Kind):
 class Whole(Kind):
     minimum: int = 0
     off: tuple[str, ...] = ()  # words (any case) that give None, which the setting's ``none`` describes
+    maximum: int | None = None  # the most its reader can use
+    why_maximum: str = ""
 
     @property
     def accepted(self) -> str:
-        return f"a whole number N >= {self.minimum}"
+        if self.maximum is None:
+            return f"a whole number N >= {self.minimum}"
+        return f"a whole number N from {self.minimum} to {self.maximum}"
 
     @property
     def advice(self) -> str:
-        return f"write a whole number >= {self.minimum} in digits"
+        if self.maximum is None:
+            return f"write a whole number >= {self.minimum} in digits"
+        return f"write a whole number from {self.minimum} to {self.maximum} in digits"
 
     def parse(self, text: str) -> int | None:
         if text.lower() in self.off:
             return None
+        if len(text) > 30:
+            raise ValueError(text)
         value = int(text)
         if value < self.minimum:
             raise ValueError(text)
+        if self.maximum is not None and value > self.maximum:
+            raise Refused(f"{value} is above {self.maximum}: {self.why_maximum}")
         return value
 
 
@@ -158,22 +178,32 @@ class SizeList(Kind):
                 "(vendor-graph plan --json output, a JSON list or plain text)")
     advice = "give positive whole numbers, such as 1,2,4,8,16,32,64, or the path of a vendor-graph plan --json file"
 
+    file_bytes = 2**20  # a capture-size file holds a few hundred sizes at most
+
     def parse(self, text: str) -> tuple[int, ...]:
         if re.fullmatch(r"[\[\]\d\s,]+", text) and re.search(r"\d", text):
             return self._sizes(text)
         path = os.path.expanduser(text)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ValueError(text)
-        with open(path, encoding="utf-8") as f:
-            body = f.read()
+        fix = "give the sizes themselves (1,2,4,8) or a file of them (vendor-graph plan --json output, a JSON list)"
         try:
-            data = json.loads(body)
-        except ValueError:
-            return self._sizes(body)
+            body = read_text(path, fix=fix, what="capture-size file", limit=self.file_bytes)
+            if body.lstrip()[:1] not in ("[", "{"):
+                return self._sizes(body)
+            if json_depth(body) <= MAX_DEPTH and re.fullmatch(r"[\[\]\d\s,]+", body) and re.search(r"\d", body):
+                return self._sizes(body)  # a list of sizes, read as text whether or not its brackets close
+            data = loads(body, where=path, fix=fix)
+        except UserFileError as exc:
+            raise Refused(str(exc)) from None
         if isinstance(data, dict):
-            data = data.get("capture_sizes")
+            if "capture_sizes" not in data:
+                raise Refused(f"{path}: holds a JSON object without capture_sizes (vendor-graph plan --json writes "
+                              f"one); {fix}")
+            data = data["capture_sizes"]
         if not isinstance(data, list) or not data or not all(type(v) is int and v >= 1 for v in data):
-            raise ValueError(text)
+            raise Refused(f"{path}: capture_sizes is {_shown(data)}, not a non-empty list of whole numbers of 1 or "
+                          f"more; {fix}")
         return tuple(data)
 
     @staticmethod
@@ -187,33 +217,105 @@ class SizeList(Kind):
         return ",".join(map(str, value))
 
 
+_BINARY_UNITS = {"": 0, "b": 0, "k": 1, "kib": 1, "m": 2, "mib": 2, "g": 3, "gib": 3, "t": 4, "tib": 4}
+_DECIMAL_UNITS = {"kb": 1, "mb": 2, "gb": 3, "tb": 4}
+
+
 @dataclass(frozen=True)
 class Bytes(Kind):
-    """A byte count (``512MiB``, ``2GiB``, ``1.5G``, ``1048576``), or a word of ``words`` (any case)."""
+    """A whole byte count (``512MiB``, ``2GiB``, ``1.5G``, ``1048576``) up to ``maximum``, or a word of ``words``
+    (any case). ``MB``-style units are refused (10**6 or 2**20 bytes?), and so is a fraction of a byte."""
 
     words: tuple[str, ...] = ()
+    maximum: int = 2**40
+    why_maximum: str = "more memory than any accelerator has (the largest hold under 200 GiB)"
 
     @property
     def accepted(self) -> str:
         extra = f", or {'/'.join(self.words)}" if self.words else ""
-        return "a byte count such as 1073741824, 512MiB or 2GiB" + extra
+        return f"a byte count such as 1073741824, 512MiB or 2GiB, at most {_binary(self.maximum)}" + extra
 
     @property
     def advice(self) -> str:
-        return "write bytes with an optional unit (KiB, MiB, GiB; K, M, G mean the same)" + (
+        return "write bytes, a whole number of them, with an optional unit (B, KiB, MiB, GiB, TiB; K, M, G, T mean " \
+               "the same)" + (
             f", or {self.words[0]}" if self.words else "")
 
     def parse(self, text: str) -> int | str:
         word = text.lower()
         if word in self.words:
             return word
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", word)
+        match = re.fullmatch(r"(\d{1,20}(?:\.\d{1,20})?)\s*([a-z]*)", word)
         if match is None:
             raise ValueError(text)
-        return int(float(match.group(1)) * 1024 ** "_kmgt".index(match.group(2) or "_"))
+        number, unit = match.groups()
+        if unit in _DECIMAL_UNITS:
+            power = _DECIMAL_UNITS[unit]
+            binary = text[len(number):].strip()[:1].upper() + "iB"
+            raise Refused(f"{binary[0]}B is ambiguous ({number}{binary[0]}B is {_whole(number, 1000 ** power)} bytes "
+                          f"in SI units, {_whole(number, 1024 ** power)} in binary ones): write {number}{binary} for "
+                          f"{number} x 2**{10 * power} bytes, or the byte count")
+        if unit not in _BINARY_UNITS:
+            raise Refused(f"{text[len(number):].strip()!r} is not a unit: use B, KiB, MiB, GiB or TiB (K, M, G, T mean "
+                          f"the same)")
+        value = Fraction(number) * 1024 ** _BINARY_UNITS[unit]
+        if value.denominator != 1:
+            raise Refused(f"{text} is {float(value):.6g} bytes, not a whole number of bytes: give whole bytes, or a "
+                          f"fraction of a larger unit that is whole (0.5GiB = 512MiB)")
+        if value > self.maximum:
+            raise Refused(f"{text} is {int(value)} bytes, above {_binary(self.maximum)}: {self.why_maximum}")
+        return int(value)
 
     def show(self, value: Any) -> str:
         return value if isinstance(value, str) else f"{value} bytes ({value / 2**20:.1f} MiB)"
+
+
+def _whole(number: str, unit: int) -> str:
+    value = Fraction(number) * unit
+    return str(int(value)) if value.denominator == 1 else f"{float(value):.6g}"
+
+
+def _binary(n: int) -> str:
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if n % 1024 ** power == 0:
+            return f"{n // 1024 ** power}{unit}"
+    return f"{n} bytes"
+
+
+_KERNEL_TREES = ("/proc", "/sys", "/dev")
+
+
+@dataclass(frozen=True)
+class WritableFile(Kind):
+    """The path of a file vendor_graph writes (atomically: a temporary file beside it, then a rename): a regular
+    file or none yet, in an existing, writable directory, outside the kernel's trees (``/proc``, ``/sys``,
+    ``/dev``). The value is the text as given."""
+
+    accepted = ("a file path in an existing, writable directory (not a directory, and not under /proc, /sys or "
+                "/dev)")
+    advice = "give a file in an existing directory, such as /tmp/vendor_graph_stats.json"
+
+    def parse(self, text: str) -> str:
+        if "\0" in text:
+            raise ValueError(text)
+        path = os.path.abspath(os.path.expanduser(text))
+        real = os.path.realpath(path)
+        for tree in _KERNEL_TREES:
+            if real == tree or real.startswith(tree + os.sep):
+                raise Refused(f"{real} is under {tree}, a kernel file system, not a place to keep a file")
+        if os.path.isdir(real):
+            raise Refused(f"{path} is a directory; give a file in it, such as "
+                          f"{os.path.join(path, 'vendor_graph_stats.json')}")
+        folder = os.path.dirname(real)
+        if not os.path.isdir(folder):
+            raise Refused(f"directory {folder} does not exist; create it first, or give a file in an existing "
+                          f"directory")
+        if os.path.lexists(real) and not stat.S_ISREG(os.stat(real).st_mode):
+            raise Refused(f"{path} is not a regular file (a device, pipe or socket); give a file path")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise Refused(f"directory {folder} is not writable by this user (the file is written to a temporary "
+                          f"file beside it, then renamed); give a file in a directory you can write")
+        return text
 
 
 @dataclass(frozen=True)
@@ -286,6 +388,16 @@ class TorchNpuRelease(Kind):
 
 
 FLAG = Flag()
+# The periodic stats writer waits on a threading.Event, which refuses a timeout above threading.TIMEOUT_MAX.
+STATS_EVERY_LIMIT = int(threading.TIMEOUT_MAX // 60)
+STATS_EVERY_WHY = (f"the periodic stats writer waits with threading's timer, which cannot wait longer than "
+                   f"threading.TIMEOUT_MAX ({STATS_EVERY_LIMIT} minutes here)")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to 200 characters."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:190] + "..." + text[-7:]
 
 
 # -- declarations ----------------------------------------------------------------------------------------
@@ -312,6 +424,8 @@ class Setting:
             return self.default
         try:
             return self.kind.parse(text)
+        except Refused as exc:
+            raise SettingsError([Problem(self, raw or "", str(exc))]) from None
         except ValueError:
             raise SettingsError([Problem(self, raw or "")]) from None
 
@@ -357,11 +471,12 @@ class Settings:
                                             "Ascend: ExternalEvents the graphs may hold", none="no limit")
     seqlen_update: str = _declare(Choice(("auto", "graph-update", "task-update")), "auto",
                                   "Ascend: auto, graph-update or task-update")
-    stats_file: str | None = _declare(Text(), None,
+    stats_file: str | None = _declare(WritableFile(), None,
                                       "PATH: write the graph stats and batch histogram there as JSON (at exit and "
                                       "every VENDOR_GRAPH_STATS_EVERY minutes); several ranks: PATH.rank<N>",
                                       none="not written")
-    stats_every: int = _declare(Whole(), 5, "minutes between stats file writes (default 5; 0: only at exit)")
+    stats_every: int = _declare(Whole(maximum=STATS_EVERY_LIMIT, why_maximum=STATS_EVERY_WHY), 5,
+                                "minutes between stats file writes (default 5; 0: only at exit)")
     capture_sizes: tuple[int, ...] | None = _declare(SizeList(), None,
                                                      "the graph batch sizes to capture (a list or a file)",
                                                      none="the vendor's default sizes")
@@ -428,6 +543,46 @@ KNOWN: dict[str, Setting] = {**SETTINGS, **TOOLING}
 _BY_FIELD = {s.field: s for s in SETTINGS.values()}
 
 
+_warned_unknown: set[str] = set()
+
+
+def closest(name: str) -> str | None:
+    """The known ``VENDOR_GRAPH_*`` name closest to ``name`` (a typo's likely meaning), None where none is close."""
+    import difflib
+
+    # Compared without the common prefix, which would make every name look close to every other.
+    tails = {known[len(PREFIX):]: known for known in KNOWN}
+    near = difflib.get_close_matches(name[len(PREFIX):] if name.startswith(PREFIX) else name, list(tails), n=1)
+    return tails[near[0]] if near else None
+
+
+def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """(name, closest known name) for each ``VENDOR_GRAPH_*`` variable of ``environ`` that vendor_graph does not
+    know: a typo, which would otherwise do nothing without a word."""
+    env = os.environ if environ is None else environ
+    return [(name, closest(name)) for name in sorted(k for k in env if isinstance(k, str) and k.startswith(PREFIX)
+                                                     and k not in KNOWN)]
+
+
+def unknown_message(name: str, near: str | None) -> str:
+    hint = f"did you mean {near}?" if near else f"known: {', '.join(sorted(SETTINGS))}"
+    return f"{name} is not a vendor_graph setting and does nothing (a typo?); {hint}"
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Log a warning (once per name in this process) for each unknown ``VENDOR_GRAPH_*`` variable; returns the
+    messages logged now."""
+    logged = []
+    for name, near in unknown(environ):
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        message = unknown_message(name, near)
+        logger.warning("vendor_graph: %s", message)
+        logged.append(message)
+    return logged
+
+
 def declared(field: str) -> Setting:
     """The declaration of :class:`Settings` field ``field``."""
     return _BY_FIELD[field]
@@ -447,6 +602,7 @@ class Problem:
 
     setting: Setting
     raw: str
+    detail: str = ""  # why, where the kind says more than that the value is not accepted
 
     @property
     def name(self) -> str:
@@ -454,8 +610,9 @@ class Problem:
 
     def __str__(self) -> str:
         s = self.setting
-        return (f"{s.name}={self.raw!r}: expected {s.accepted} [{s.meaning}]. Fix: {s.advice}, or unset it for "
-                f"the default ({s.show(s.default)})")
+        why = self.detail or f"expected {s.accepted}"
+        return (f"{s.name}={_shown(self.raw)}: {why} [{s.meaning}]. Fix: {s.advice}, or unset it for the default "
+                f"({s.show(s.default)})")
 
 
 class SettingsError(ValueError):
@@ -550,6 +707,7 @@ def readings(environ: Mapping[str, str] | None = None) -> list[Reading]:
     return out
 
 
-__all__ = ["KNOWN", "PREFIX", "SETTINGS", "TOOLING", "Bytes", "Choice", "Flag", "Kind", "Number", "Problem",
-           "Reading", "Selection", "Setting", "Settings", "SettingsError", "SizeList", "Text", "TorchNpuRelease",
-           "Whole", "clear", "current", "declared", "load", "parse", "readings", "variable"]
+__all__ = ["KNOWN", "PREFIX", "SETTINGS", "STATS_EVERY_LIMIT", "TOOLING", "Bytes", "Choice", "Flag", "Kind", "Number",
+           "Problem", "Reading", "Refused", "Selection", "Setting", "Settings", "SettingsError", "SizeList", "Text",
+           "TorchNpuRelease", "Whole", "WritableFile", "clear", "closest", "current", "declared", "load", "parse",
+           "readings", "unknown", "unknown_message", "variable", "warn_unknown"]

@@ -517,7 +517,9 @@ class _StatsWriter:
                              f"or point {STATS_FILE_ENV} at a file in an existing directory")
         if self.thread is not None or not current.stats_every:
             return
-        self.thread = threading.Thread(target=self._loop, args=(current.stats_every * 60.0,),
+        # The settings parser bounds VENDOR_GRAPH_STATS_EVERY by what Event.wait takes; Settings built by hand are not.
+        seconds = min(current.stats_every * 60.0, threading.TIMEOUT_MAX)
+        self.thread = threading.Thread(target=self._loop, args=(seconds,),
                                        name="vendor_graph-stats", daemon=True)
         self.thread.start()
 

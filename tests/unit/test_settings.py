@@ -25,7 +25,8 @@ SOURCE = ROOT / "vendor_graph"
 FLAGS = [s.name for s in settings.SETTINGS.values() if isinstance(s.kind, settings.Flag)]
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
-MISSPELT = {"VENDOR_GRAPH_SHADWO"}  # a test's deliberate typo, which the doctor must flag
+# tests' deliberate typos, which the doctor must flag and activation warn about
+MISSPELT = {"VENDOR_GRAPH_SHADWO", "VENDOR_GRAPH_SHADOWS", "VENDOR_GRAPH_STATS_FIEL", "VENDOR_GRAPH_ZZZZZZ"}
 
 
 def _parse(**env: str) -> settings.Settings:

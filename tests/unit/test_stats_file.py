@@ -262,9 +262,14 @@ def test_periodic_writes_and_the_exit_write(registry, tmp_path, monkeypatch):
     assert json.loads(target.read_text())["reason"] == "periodic"
 
 
-def test_a_stats_file_in_a_missing_directory_is_refused_where_the_runner_is_built(registry, tmp_path, monkeypatch):
+def test_a_stats_file_in_a_missing_directory_is_refused_when_parsed_and_where_the_runner_is_built(
+        registry, tmp_path, monkeypatch):
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(tmp_path / "nope" / "s.json"))
+    with pytest.raises(settings.SettingsError, match="does not exist; create it"):
+        settings.load()
+    (tmp_path / "nope").mkdir()
     settings.load()
+    (tmp_path / "nope").rmdir()  # gone after the settings were read: the runner still refuses to start
     monkeypatch.setattr(stats, "_writer", stats._StatsWriter())
     with pytest.raises(ValueError, match="does not exist; create it"):
         registry.register(FakeRunner())
