@@ -15,10 +15,10 @@ goes uncapped, with a note saying so.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import numbers
 import re
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -26,8 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from . import _values
+from .buckets import MAX_BATCHES_LIMIT
+from .userfiles import UserFileError, read_json
 
 STATS_FORMAT = "vendor_graph.stats/1"
+MAX_QUERY_LEN = 1024  # decode steps graphed: 1 token per sequence, a few more with speculative decoding
+MAX_COUNT = 2**63 - 1  # the most steps, layers or bytes a stats file may record (what a 64-bit counter holds)
 STATS_VENDORS = ("cuda", "ascend", "camb", "maca")
 REQUIRED_KEYS = ("vendor", "max_batches", "capture_sizes", "batch_histogram")
 _DECIMAL = re.compile(r"[1-9][0-9]*")
@@ -242,6 +246,11 @@ class Workload:
         return sum(self.steps.values())
 
 
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters: a message stays one readable line whatever a file holds."""
+    return reprlib.repr(value)
+
+
 def _fail(path: Any, problem: str) -> PlanError:
     return PlanError(f"{path}: {problem}")
 
@@ -250,12 +259,19 @@ def _histogram(path: Any, key: str, value: Any) -> dict[int, int]:
     fix = "write it with vendor_graph's stats writer (VENDOR_GRAPH_STATS_FILE) or fix it by hand"
     if not isinstance(value, dict):
         raise _fail(path, f"{key} is {type(value).__name__}, not an object of batch size -> steps; {fix}")
+    if len(value) > MAX_BATCHES_LIMIT:
+        raise _fail(path, f"{key} holds {len(value)} batch sizes, more than max_batch_size can be "
+                          f"({MAX_BATCHES_LIMIT}, vendor_graph's bound); {fix}")
     out = {}
     for batch, steps in value.items():
         if not isinstance(batch, str) or not _DECIMAL.fullmatch(batch):
-            raise _fail(path, f"{key} key {batch!r} is not a batch size (a decimal string such as \"8\"); {fix}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise _fail(path, f"{key}[{batch!r}] = {steps!r} is not a step count (a whole number, 0 or more); {fix}")
+            raise _fail(path, f"{key} key {_short(batch)} is not a batch size (a decimal string such as \"8\"); {fix}")
+        if len(batch) > 9 or int(batch) > MAX_BATCHES_LIMIT:
+            raise _fail(path, f"{key} key {_short(batch)} is above {MAX_BATCHES_LIMIT}, vendor_graph's bound on "
+                              f"max_batch_size; {fix}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_COUNT:
+            raise _fail(path, f"{key}[{_short(batch)}] = {_short(steps)} is not a step count (a whole number from 0 "
+                              f"to 2**63-1); {fix}")
         out[int(batch)] = steps
     return out
 
@@ -265,34 +281,29 @@ def read_stats(path: str | Path) -> dict:
     fix = "give a file written by vendor_graph (VENDOR_GRAPH_STATS_FILE=PATH while the workload runs)"
     _values.path("path", path, PlanError)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise _fail(path, f"no such file; {fix}") from None
-    except IsADirectoryError:
-        raise _fail(path, f"is a directory; {fix}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(path, f"cannot be read ({exc}); {fix}") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise _fail(path, f"is not JSON ({exc}); {fix}") from None
+        doc = read_json(path, fix=fix, what="stats file")
+    except UserFileError as exc:
+        raise PlanError(str(exc)) from None
     if not isinstance(doc, dict):
         raise _fail(path, f"holds a JSON {type(doc).__name__}, not an object; {fix}")
     if doc.get("format") != STATS_FORMAT:
-        raise _fail(path, f"format is {doc.get('format')!r}, not {STATS_FORMAT!r}: not a vendor_graph stats file "
+        raise _fail(path, f"format is {_short(doc.get('format'))}, not {STATS_FORMAT!r}: not a vendor_graph stats file "
                           f"(or one from another version); {fix}")
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
         raise _fail(path, f"lacks {', '.join(missing)}; {fix}")
     if doc["vendor"] not in STATS_VENDORS:
-        raise _fail(path, f"vendor {doc['vendor']!r} is not one of {', '.join(STATS_VENDORS)}; {fix}")
+        raise _fail(path, f"vendor {_short(doc['vendor'])} is not one of {', '.join(STATS_VENDORS)}; {fix}")
     max_batches = doc["max_batches"]
     if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
-        raise _fail(path, f"max_batches {max_batches!r} is not a whole number of 1 or more; {fix}")
+        raise _fail(path, f"max_batches {_short(max_batches)} is not a whole number of 1 or more; {fix}")
+    if max_batches > MAX_BATCHES_LIMIT:
+        raise _fail(path, f"max_batches {_short(max_batches)} is above {MAX_BATCHES_LIMIT}, vendor_graph's bound on "
+                          f"max_batch_size (lmdeploy's defaults are 128-1024): no run records that; {fix}")
     sizes = doc["capture_sizes"]
-    if not isinstance(sizes, list) or not all(type(s) is int and s >= 1 for s in sizes):
-        raise _fail(path, f"capture_sizes {sizes!r} is not a list of whole numbers of 1 or more; {fix}")
+    if not isinstance(sizes, list) or not all(type(s) is int and 1 <= s <= MAX_BATCHES_LIMIT for s in sizes):
+        raise _fail(path, f"capture_sizes {_short(sizes)} is not a list of whole numbers from 1 to "
+                          f"{MAX_BATCHES_LIMIT}; {fix}")
     steps = _histogram(path, "batch_histogram", doc["batch_histogram"])
     by_query = doc.get("query_len_histogram")
     if by_query is not None:
@@ -301,7 +312,11 @@ def read_stats(path: str | Path) -> dict:
         summed: dict[int, int] = {}
         for q, histogram in by_query.items():
             if not isinstance(q, str) or not _DECIMAL.fullmatch(q):
-                raise _fail(path, f"query_len_histogram key {q!r} is not a query length (a decimal string); {fix}")
+                raise _fail(path, f"query_len_histogram key {_short(q)} is not a query length (a decimal string); "
+                                  f"{fix}")
+            if len(q) > 9 or int(q) > MAX_QUERY_LEN:
+                raise _fail(path, f"query length {q} is above {MAX_QUERY_LEN}: decode steps of one token per sequence, "
+                                  f"or a few with speculative decoding, are graphed; {fix}")
             for batch, n in _histogram(path, f"query_len_histogram[{q!r}]", histogram).items():
                 summed[batch] = summed.get(batch, 0) + n
         disagree = sorted(b for b in set(summed) | set(steps) if summed.get(b, 0) != steps.get(b, 0))
@@ -311,8 +326,8 @@ def read_stats(path: str | Path) -> dict:
                               f"{steps.get(b, 0)}; the two histograms must agree; {fix}")
     for key in ("num_layers", "graph_memory_bytes"):
         value = doc.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise _fail(path, f"{key} {value!r} is not a whole number, 0 or more; {fix}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT):
+            raise _fail(path, f"{key} {_short(value)} is not a whole number from 0 to 2**63-1; {fix}")
     return doc
 
 

@@ -21,7 +21,6 @@ import ast
 import copy
 import gc
 import itertools
-import json
 import os
 import types
 from collections.abc import Callable
@@ -57,7 +56,16 @@ def load_manifest(version: str) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no torch_npu manifest {path}: the simulated torch_npu is generated from the "
                                 f"manifests in {MANIFESTS} (or set {_MANIFEST_ENV}); reinstall vendor-graph-sim")
-    return json.loads(path.read_text())
+    from vendor_graph.userfiles import UserFileError, read_json
+
+    fix = f"point {_MANIFEST_ENV} at a folder of manifests written by tools/torch_npu_manifest.py, or unset it"
+    try:
+        manifest = read_json(path, fix=fix, what="torch_npu manifest")
+    except UserFileError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: holds a JSON {type(manifest).__name__}, not an object; {fix}")
+    return manifest
 
 
 def resolve(spec: str | None) -> tuple[str, str]:
