@@ -29,6 +29,7 @@ one line on stderr naming the fix; anything else is a bug and keeps its tracebac
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import importlib
 import importlib.util
@@ -68,10 +69,13 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
     from . import compat
+    from .capacity import CapturePlanError
     from .planning import PlanError
     from .settings import SettingsError
 
-    return UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError, PlanError
+    # CapturePlanError: capture-size settings a runner refuses where it is built (the demo builds one)
+    return (UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError, PlanError,
+            CapturePlanError)
 
 
 def count_type(flag: str, what: str, default: int | None = None, *, high: int | None = None,
@@ -93,6 +97,19 @@ def count_type(flag: str, what: str, default: int | None = None, *, high: int | 
         return value
 
     return parse
+
+
+class OnceAction(argparse.Action):
+    """``nargs="+"`` that may be given once: a second ``--capture-sizes`` would silently replace the first."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            first, second = " ".join(map(str, before)), " ".join(map(str, values))
+            raise UsageError(f"{option_string} given twice ({option_string} {first} ... {option_string} {second}); "
+                             f"give it once with every size: {option_string} {first} {second}",
+                             prog=parser.prog)
+        setattr(namespace, self.dest, values)
 
 
 def generation_type(text: str) -> str:
@@ -150,6 +167,13 @@ def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tup
         raise UsageError(f"--capture-sizes {given}: every size is above --max-batches {max_batches}, so lmdeploy "
                          f"refuses them; give at least one size <= {max_batches} (sizes above it are dropped)")
     sizes = profile.capture_sizes(max_batches, explicit)
+    changes = _normalisation(explicit, max_batches)
+    note = f"--capture-sizes {given} normalised as lmdeploy does: {'; '.join(changes)}" if changes else None
+    return sizes, note
+
+
+def _normalisation(explicit: list[int], max_batches: int) -> list[str]:
+    """What lmdeploy's normalisation changes in ``explicit`` (at least one size <= ``max_batches``)."""
     changes = []
     if explicit != sorted(explicit):
         changes.append("sorted")
@@ -160,8 +184,32 @@ def plan_sizes(vendor: str, max_batches: int, explicit: list[int] | None) -> tup
         changes.append(f"{', '.join(map(str, dropped))} dropped (above max_batch_size {max_batches})")
     if max(s for s in explicit if s <= max_batches) != max_batches:
         changes.append(f"max_batch_size {max_batches} added (always captured)")
-    note = f"--capture-sizes {given} normalised as lmdeploy does: {'; '.join(changes)}" if changes else None
-    return sizes, note
+    return changes
+
+
+def runtime_sizes(vendor: str, max_batches: int, explicit: list[int] | None,
+                  sizes: list[int]) -> tuple[list[int], str, str | None]:
+    """The sizes a runner built here would capture (``VENDOR_GRAPH_CAPTURE_SIZES`` and ``VENDOR_GRAPH_PLAN``
+    included, as :func:`vendor_graph.capacity.resolve_capture_plan` reads them where the runner is built), the
+    rule that chose them and a note; ``sizes``: what ``plan_sizes`` gave for the command line alone.
+    A setting the runner would refuse is refused here (CapturePlanError: exit status 2)."""
+    from . import capacity, settings
+
+    current = settings.load()
+    runtime = capacity.resolve_capture_plan(vendor, max_batches, vendors.profile(vendor).capture_sizes(max_batches),
+                                            explicit, current=current, quiet=True)
+    if runtime.source == capacity.EXPLICIT_LMDEPLOY:
+        return sizes, "explicit cudagraph_capture_batch_sizes", None
+    if runtime.source == capacity.EXPLICIT_ENV:
+        given = list(current.capture_sizes)
+        changes = _normalisation(given, max_batches)
+        note = (f"{capacity.SIZES_ENV}={','.join(map(str, given))} normalised as lmdeploy does: {'; '.join(changes)}"
+                if changes else None)
+        return list(runtime.sizes), f"{capacity.SIZES_ENV} (what the runtime captures)", note
+    if runtime.source == capacity.AUTO:
+        return list(runtime.sizes), f"{capacity.PLAN_ENV}=auto (fitted to {capacity.STATS_ENV})", runtime.note
+    rule = "three-tier Ascend rule" if vendor == "ascend" else "lmdeploy CUDA runner rule"
+    return list(runtime.sizes), rule, runtime.note
 
 
 def _count(n: int, word: str) -> str:
@@ -174,8 +222,9 @@ def _tokens(value: float) -> str:
 
 def _fitted_rows(weights: dict[int, int], steps: dict[int, int], sizes: list[int]) -> list[dict[str, str]]:
     rows, low = [], 1
-    for size in sizes:
-        served = [b for b in steps if low <= b <= size]
+    batches = sorted(steps)
+    for size in sizes:  # one pass over the batches, however many sizes (a plan may hold a graph per batch)
+        served = batches[bisect.bisect_left(batches, low):bisect.bisect_right(batches, size)]
         padded = sum(weights.get(b, 0) * (size - b) for b in served)
         rows.append({"graph batch": str(size), "serves batches": f"{low}-{size}" if low < size else str(size),
                      "steps served": str(sum(steps[b] for b in served)), "padded tokens": _tokens(padded)})
@@ -231,6 +280,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     vendor = args.vendor or "ascend"
     args.max_batches = args.max_batches or 256
     sizes, sizes_note = plan_sizes(vendor, args.max_batches, args.capture_sizes)
+    sizes, rule, runtime_note = runtime_sizes(vendor, args.max_batches, args.capture_sizes, sizes)
     print(f"vendor_graph {__version__} plan for vendor {vendor!r}")
     version = compat.installed_lmdeploy_version()
     import torch
@@ -257,11 +307,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for p in activation.patches]
     print(_table(rows))
 
-    rule = "explicit cudagraph_capture_batch_sizes" if args.capture_sizes else (
-        "three-tier Ascend rule" if vendor == "ascend" else "lmdeploy CUDA runner rule")
     print(f"\nCapture plan: max_batch_size {args.max_batches}, {rule}: {len(sizes)} graphs, captured largest first")
-    if sizes_note:
-        print(f"note: {sizes_note}")
+    for note in (sizes_note, runtime_note):
+        if note:
+            print(f"note: {note}")
     print(_table(_capture_rows(sizes)))
 
     spec = profile.spec
@@ -404,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-batches", default=None, help="lmdeploy's max_batch_size (default 256)",
                       type=count_type("--max-batches", "lmdeploy's max_batch_size is at least 1", 256,
                                        high=MAX_BATCHES_LIMIT, why_high=MAX_BATCHES_WHY))
-    plan.add_argument("--capture-sizes", nargs="+", default=None,
+    plan.add_argument("--capture-sizes", nargs="+", default=None, action=OnceAction,
                       type=count_type("--capture-sizes", "a graph holds at least 1 sequence"),
                       help="explicit cudagraph_capture_batch_sizes, as given to lmdeploy; with --from-stats: "
                            "sizes the plan must hold")

@@ -32,6 +32,9 @@ from .userfiles import UserFileError, read_json
 STATS_FORMAT = "vendor_graph.stats/1"
 MAX_QUERY_LEN = 1024  # decode steps graphed: 1 token per sequence, a few more with speculative decoding
 MAX_COUNT = 2**63 - 1  # the most steps, layers or bytes a stats file may record (what a 64-bit counter holds)
+# Steps of the exact fit: one per candidate size per graph (a few seconds of pure Python at this bound). The
+# planner caps the graphs to stay within it, with a note; fit_sizes refuses more.
+SEARCH_LIMIT = 2_000_000
 STATS_VENDORS = ("cuda", "ascend", "camb", "maca")
 REQUIRED_KEYS = ("vendor", "max_batches", "capture_sizes", "batch_histogram")
 _DECIMAL = re.compile(r"[1-9][0-9]*")
@@ -117,7 +120,29 @@ def fit_sizes(weights: Mapping[int, int | float], max_batches: int, max_graphs: 
     if len(fixed) > max_graphs:
         raise PlanError(f"{len(fixed)} sizes are required ({', '.join(map(str, fixed))}, max_batches included) but "
                         f"max_graphs is {max_graphs}; allow {len(fixed)} or more graphs, or require fewer sizes")
+    candidates = _candidates(exact, fixed)
+    if max_graphs >= len(candidates):  # a graph for every candidate: no padding, and no fewer sizes pad none
+        return candidates
+    work = len(candidates) * max_graphs
+    if work > SEARCH_LIMIT:
+        raise PlanError(f"an exact fit of {len(candidates)} distinct batch sizes into at most {max_graphs} "
+                        f"graphs takes {work} search steps, above vendor_graph's bound of {SEARCH_LIMIT} (a few "
+                        f"seconds); allow at most {max(1, SEARCH_LIMIT // len(candidates))} graphs, or "
+                        f"{len(candidates)} or more (a graph for every batch size)")
     return _fit(exact, fixed, max_graphs)
+
+
+def _candidates(weights: Mapping[int, int], fixed: Iterable[int]) -> list[int]:
+    """The sizes an optimal plan is made of (see :func:`fit_sizes`): batches of positive weight, and the fixed ones."""
+    return sorted({b for b, w in weights.items() if w > 0} | set(fixed))
+
+
+def search_cap(candidates: int, max_graphs: int) -> int:
+    """The most graphs the exact fit of ``candidates`` distinct sizes may search within :data:`SEARCH_LIMIT` steps
+    (``max_graphs`` itself where it is within the bound, or covers every candidate, which needs no search)."""
+    if max_graphs >= candidates or candidates * max_graphs <= SEARCH_LIMIT:
+        return max_graphs
+    return max(1, SEARCH_LIMIT // candidates)
 
 
 def _fit(weights: Mapping[int, int], fixed: list[int], max_graphs: int) -> list[int]:
@@ -125,7 +150,7 @@ def _fit(weights: Mapping[int, int], fixed: list[int], max_graphs: int) -> list[
     # padded tokens above node t with k more sizes, the last of them max_batches (None: impossible).
     # Rebuilding the plan from the start node, taking the smallest next size that keeps the optimum,
     # gives the lexicographically smallest plan.
-    candidates = sorted({b for b, w in weights.items() if w > 0} | set(fixed))
+    candidates = _candidates(weights, fixed)
     count = len(candidates)
     is_fixed = [False] + [c in set(fixed) for c in candidates]
     size = [0] + candidates
@@ -473,6 +498,20 @@ def plan_for(workload: Workload, max_graphs: int, required: Iterable[int] = (), 
                 raise PlanError(f"{note}, fewer than the {len(fixed)} sizes required ({', '.join(map(str, fixed))}, "
                                 f"max_batches included); require fewer sizes, or raise the budget if the device has "
                                 f"the event resources")
+    candidates = len(_candidates(workload.weights, [*required, workload.max_batches]))
+    searchable = search_cap(candidates, max_graphs)
+    if searchable < max_graphs:
+        fixed = sorted({workload.max_batches, *required})
+        if len(fixed) > searchable:
+            raise PlanError(f"{files}: an exact fit of {candidates} distinct batch sizes holding {len(fixed)} "
+                            f"required sizes would search more than vendor_graph's bound of {SEARCH_LIMIT} steps (a "
+                            f"few seconds); require fewer sizes, or allow {candidates} graphs or more (a graph for "
+                            f"every batch size)")
+        notes.append(f"at most {searchable} graphs fitted, not {max_graphs}: an exact fit of {candidates} distinct "
+                     f"batch sizes searches {candidates} steps per graph, and vendor_graph bounds the search at "
+                     f"{SEARCH_LIMIT} steps (a few seconds); allow {candidates} graphs or more for a graph per batch "
+                     f"size")
+        max_graphs = searchable
     sizes = fit_sizes(workload.weights, workload.max_batches, max_graphs, required)
     return Plan(capture_sizes=sizes,
                 padded_fraction_before=padded_fraction(workload.weights, recorded),
@@ -482,5 +521,5 @@ def plan_for(workload: Workload, max_graphs: int, required: Iterable[int] = (), 
                 max_graphs=max_graphs, notes=tuple(notes))
 
 
-__all__ = ["STATS_FORMAT", "Plan", "PlanError", "Workload", "fit_sizes", "load_workload", "padded_fraction",
-           "padded_tokens", "plan_for", "read_stats"]
+__all__ = ["SEARCH_LIMIT", "STATS_FORMAT", "Plan", "PlanError", "Workload", "fit_sizes", "load_workload",
+           "padded_fraction", "padded_tokens", "plan_for", "read_stats", "search_cap"]

@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from vendor_graph import VENDORS, __version__
-from vendor_graph.buckets import MAX_BATCHES_LIMIT
 from vendor_graph.cli import (
-    MAX_BATCHES_WHY,
     UsageError,
     count_type,
     generation_type,
@@ -54,6 +52,17 @@ ENGINE_MODELS = engine.MODELS  # served by lmdeploy's pipeline() over the real d
 ENGINE_MODEL = ENGINE_MODELS[0]
 ENGINE_VENDOR = "ascend"  # the one vendor the simulator has a device of for lmdeploy's engine (torch_npu)
 TINY_OPTIONS = {"steps": 64, "seqs": 20, "backend": "sim"}  # the tiny decoder's options and their defaults
+# The tiny decoder's bounds (tests/unit/test_demo_bounds.py checks them against the model and the schedule): one
+# sequence holds TINY_TOKENS tokens (tiny_model.TinyConfig.max_seq_len), a prompt takes up to TINY_PROMPT
+# (harness.prompts), and a sequence may stay in the batch for every step, so MAX_STEPS steps always fit.
+TINY_TOKENS = 128
+TINY_PROMPT = 30
+MAX_STEPS = TINY_TOKENS - TINY_PROMPT
+MAX_STEPS_WHY = (f"a sequence of the tiny decoder holds {TINY_TOKENS} tokens, a prompt takes up to {TINY_PROMPT}, and "
+                 f"a sequence may decode at every step")
+MAX_SEQS = 256  # lmdeploy's default max_batch_size on Ascend, Camb and MACA
+MAX_SEQS_WHY = (f"{MAX_SEQS} is lmdeploy's default max_batch_size on Ascend, Camb and MACA, and the CPU emulation runs "
+                f"every step twice (eager and graph)")
 REQUESTS = 8
 MAX_REQUESTS = 32
 MAX_BATCH_SIZE = 4  # below REQUESTS: requests queue and join as others finish
@@ -191,7 +200,7 @@ def _tiny_demo(args: argparse.Namespace) -> int:
           f"lmdeploy {version}, {args.seqs} sequences, {args.steps} decode steps, batch changing every 3 steps")
     start = time.perf_counter()
     pair = run(vendor, args.seed, generation=args.generation, steps=args.steps, num_seqs=args.seqs,
-               backend=args.backend)
+               backend=args.backend, num_blocks=tiny_blocks(args.seqs, args.steps))
     seconds = time.perf_counter() - start
     print(f"\nParity with eager over {pair.steps} steps ({check}, no stale padding row): "
           f"{'PASS' if not pair.mismatches else 'FAIL'}")
@@ -226,6 +235,16 @@ def _tiny_demo(args: argparse.Namespace) -> int:
             "vendor_graph": __version__, "engine": False,
         })
     return 0 if not pair.mismatches else 1
+
+
+def tiny_blocks(seqs: int, steps: int) -> int:
+    """KV blocks per cache for the tiny demo: the model's default, or enough for every sequence at its longest
+    (block 0 is reserved for padding)."""
+    from .tiny_model import TinyConfig
+
+    config = TinyConfig()
+    per_sequence = -(-(TINY_PROMPT + steps) // config.block_size)
+    return max(config.num_blocks, seqs * per_sequence + 1)
 
 
 def _check_lmdeploy(vendor: str, version: Any) -> None:
@@ -671,11 +690,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         why_high=_requests_bound()),
         help=f"engine: requests served, max_batch_size {MAX_BATCH_SIZE} (default {REQUESTS})")
     demo.add_argument("--steps", default=None, type=count_type(
-        "--steps", "a PASS over no decode step would prove nothing", 64), help="tiny: decode steps (default 64)")
+        "--steps", "a PASS over no decode step would prove nothing", 64, high=MAX_STEPS, why_high=MAX_STEPS_WHY),
+        help=f"tiny: decode steps (default 64, at most {MAX_STEPS})")
     demo.add_argument("--seqs", default=None, type=count_type(
-        "--seqs", "the demo decodes at least 1 sequence", 20, high=MAX_BATCHES_LIMIT,
-        why_high=f"the demo's max_batch_size is --seqs, and {MAX_BATCHES_WHY}"),
-        help="tiny: sequences, its max_batch_size (default 20)")
+        "--seqs", "the demo decodes at least 1 sequence", 20, high=MAX_SEQS, why_high=MAX_SEQS_WHY),
+        help=f"tiny: sequences, its max_batch_size (default 20, at most {MAX_SEQS})")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--backend", choices=DEMO_BACKENDS, default=None,
                       help="tiny: where graphs are captured and replayed (sim: the CPU graph simulator, default)")
