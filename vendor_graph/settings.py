@@ -533,6 +533,7 @@ TOOLING: dict[str, Setting] = {s.name: s for s in (
             scope="tooling"),
     Setting("VENDOR_GRAPH_RANDOM_SCHEDULES", "random schedules the conformance suite runs", scope="tooling"),
     Setting("VENDOR_GRAPH_PROPERTY_EXAMPLES", "examples the property tests run", scope="tooling"),
+    Setting("VENDOR_GRAPH_FUZZ_EXAMPLES", "examples each fuzz test (tests/fuzz) runs (default 80)", scope="tooling"),
     Setting("VENDOR_GRAPH_CONFORMANCE_SCHEDULES", "seeded schedules per decode-parity case", scope="tooling"),
     Setting("VENDOR_GRAPH_CONFORMANCE_GENERATIONS", "the torch_npu generations the decode-parity matrix runs "
             "(space-separated; default every one with a graph API)", scope="tooling"),
