@@ -12,6 +12,8 @@
 # and no dlinfer installed: it skips).
 # The mutation checks (tests/mutations, the suite testing itself) run once, on 0.17.0, where every vendor is
 # supported (VENDOR_GRAPH_MUTATIONS_ON names another release; one not in the list: the last).
+# The fuzz suite (tests/fuzz: generated command lines, settings and files) runs once, beside the torch_npu contract
+# on the last release, VENDOR_GRAPH_FUZZ_EXAMPLES examples per test (default 80; more on demand).
 # The random schedules / property examples run 100/20 on the last release and 60/10 on the others (220 seeded
 # schedules a run; tools/soak.py runs any number), and the decode parity matrix runs every torch_npu generation
 # on the last release and G1 G5 (one per seq-len update path) on the others: they exercise the runners, whose
@@ -62,8 +64,10 @@ for version in $versions; do
   py=$("$root/scripts/setup-test-env.sh" "$version")
   echo "=== lmdeploy $version"
   start=$SECONDS
-  # The torch_npu contract does not depend on lmdeploy: checked once, with the last release.
-  contract=; [ "$version" = "${versions##* }" ] && contract=tests/contract
+  # The torch_npu contract does not depend on lmdeploy: checked once, with the last release. So is the fuzz suite
+  # (generated command lines, settings and files against the CLI and the readers; VENDOR_GRAPH_FUZZ_EXAMPLES per
+  # test, default 80: about a minute on one core).
+  contract=; fuzz=; [ "$version" = "${versions##* }" ] && contract=tests/contract fuzz=tests/fuzz
   # The mutation checks test the suite itself (each runs its guards in a child pytest): once per run, on the
   # release every vendor supports (the last one if that release is not in the list).
   mutations=; [ "$version" = "$mutations_on" ] && mutations=tests/mutations
@@ -90,7 +94,7 @@ for version in $versions; do
   # The simulator renames torch's PrivateUse1 backend for its whole process: its suites run in their own
   # process, beside the host suites (one core each; each pytest is single-threaded).
   ( "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$version-host.xml" tests/unit tests/lmdeploy \
-      $mutations $contract "$@" > "$reports/$version-host.log" 2>&1 && host_rc=0 || host_rc=$?
+      $mutations $contract $fuzz "$@" > "$reports/$version-host.log" 2>&1 && host_rc=0 || host_rc=$?
     rc=0
     if [ -n "$real_host" ]; then
       real_stack host "$real_host" "$([ "$real_rest" = host ] && echo all || echo matrix)" "$@" || rc=$?
@@ -104,7 +108,7 @@ for version in $versions; do
     real_stack sim "$real_sim" "$([ "$real_rest" = sim ] && echo all || echo matrix)" "$@" || status=1
   fi
   wait "$host" || status=1
-  echo "--- host suites (tests/unit tests/lmdeploy $mutations $contract):"
+  echo "--- host suites (tests/unit tests/lmdeploy $mutations $contract $fuzz):"
   cat "$reports/$version-host.log"
   echo "--- real-stack leg (tests/realstack, dlinfer ${VENDOR_GRAPH_DLINFER_SRC:-installed or none}):"
   cat "$reports/$version"-real-*.log

@@ -127,11 +127,18 @@ def generation_type(text: str) -> str:
 
 
 def json_path_type(text: str) -> Path:
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL byte, which no file name can: give a file path")
     path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path such as {path / 'demo.json'}")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: directory {path.parent} does not exist; create it first")
+    try:
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory; give a file path such as {path / 'demo.json'}")
+        if not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: directory {path.parent} does not exist; create it first")
+    except OSError as exc:  # a name too long for the file system (ENAMETOOLONG), a loop of links
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise argparse.ArgumentTypeError(f"{shown} cannot be a file path here ({exc.strerror or exc}); give a "
+                                         f"shorter path") from None
     return path
 
 

@@ -14,7 +14,7 @@ from vendor_graph import cli
 FILES = st.sampled_from(["good.json", "junk.json", "sizes.txt", "missing.json", "dir", "", ".", "/proc/self/status",
                          "/dev/null", "dir/../good.json", "good.json/x", "-", "☃.json"])
 JSON_PATHS = st.sampled_from(["out.json", "dir/out.json", "missing/out.json", "dir", "", ".", "good.json",
-                              "x" * 300 + ".json", "/proc/out.json", "☃.json", "-"])
+                              "x" * 300 + ".json", "/proc/out.json", "☃.json", "-", "out\0.json"])
 COMMANDS = st.one_of(
     st.sampled_from(["true", "false", "", "no-such-command-xyz", "./dir", "./plain.txt", "./script.sh", "dir",
                      "/", "./missing", "lmdeploy", "python", "a\0b", "-", "--"]),
