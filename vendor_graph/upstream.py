@@ -90,6 +90,11 @@ BREAKAGES: tuple[Breakage, ...] = (
         "no `q_seq_len`: the first decode raises TypeError (multiple values for `head_size_v`)",
         does="vendor_graph refuses dlinfer 0.2.7 at activation, naming the fix (dlinfer's GitHub main)"),
     Breakage(
+        "prefill-mask", ("ascend",), "0.16", "0.16", (POST_350,),
+        "lmdeploy 0.16's Ascend backend hands a prefill without history a `(max_q_seq_len, max_kv_seq_len)` causal "
+        "mask, and dlinfer's FIA prefill from PR #350 on runs a masked prefill with sparse_mode 3, which takes only "
+        "the 2048x2048 compressed mask lmdeploy 0.17 builds: such a prefill raises"),
+    Breakage(
         "no-distribution", ("camb", "maca"), "0.16", None, (PYPI_027, A50184E_ERA, POST_350),
         "no dlinfer-camb or dlinfer-maca distribution exists: build dlinfer from source "
         "(`DEVICE=camb` / `DEVICE=maca`)", blocks=False),
