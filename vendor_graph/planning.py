@@ -54,6 +54,9 @@ def _size(value: Any, what: str) -> int:
     value = _values.whole(what, value, PlanError)
     if value < 1:
         raise PlanError(f"{what} {value} is not positive; batch sizes are whole numbers of 1 or more")
+    if value > MAX_BATCHES_LIMIT:
+        raise PlanError(f"{what} {_values.brief(value)} is above {MAX_BATCHES_LIMIT}, vendor_graph's bound on "
+                        f"max_batch_size; batch sizes are whole numbers from 1 to {MAX_BATCHES_LIMIT}")
     return value
 
 
@@ -140,6 +143,8 @@ def _candidates(weights: Mapping[int, int], fixed: Iterable[int]) -> list[int]:
 def search_cap(candidates: int, max_graphs: int) -> int:
     """The most graphs the exact fit of ``candidates`` distinct sizes may search within :data:`SEARCH_LIMIT` steps
     (``max_graphs`` itself where it is within the bound, or covers every candidate, which needs no search)."""
+    candidates = _values.whole("candidates", candidates, PlanError)
+    max_graphs = _check_graphs(max_graphs)
     if max_graphs >= candidates or candidates * max_graphs <= SEARCH_LIMIT:
         return max_graphs
     return max(1, SEARCH_LIMIT // candidates)

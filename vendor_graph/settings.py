@@ -551,6 +551,8 @@ def closest(name: str) -> str | None:
     """The known ``VENDOR_GRAPH_*`` name closest to ``name`` (a typo's likely meaning), None where none is close."""
     import difflib
 
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a variable name (a str), got {_values.show(name)}")
     # Compared without the common prefix, which would make every name look close to every other.
     tails = {known[len(PREFIX):]: known for known in KNOWN}
     near = difflib.get_close_matches(name[len(PREFIX):] if name.startswith(PREFIX) else name, list(tails), n=1)
@@ -560,7 +562,7 @@ def closest(name: str) -> str | None:
 def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """(name, closest known name) for each ``VENDOR_GRAPH_*`` variable of ``environ`` that vendor_graph does not
     know: a typo, which would otherwise do nothing without a word."""
-    env = os.environ if environ is None else environ
+    env = os.environ if environ is None else _values.environ("environ", environ, PREFIX)
     return [(name, closest(name)) for name in sorted(k for k in env if isinstance(k, str) and k.startswith(PREFIX)
                                                      and k not in KNOWN)]
 

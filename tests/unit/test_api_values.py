@@ -95,6 +95,14 @@ REFUSED = [  # (call, exception type, words the message must hold)
     (lambda: capacity.resolve_capture_plan("cuda", 8, [8], None, current={}), TypeError, ["current must be a "
                                                                                          "vendor_graph.settings"]),
     (lambda: capacity.reservation("8", _empty()), TypeError, ["max_batches must be an int", "'8' (str)"]),
+    # found by tests/fuzz/test_api_values.py
+    (lambda: planning.fit_sizes({3: 1}, HUGE, 2), ValueError, ["max_batches an int of about 5001 digits is above "
+                                                               "65536"]),
+    (lambda: planning.padded_tokens({3: 1}, [70000]), ValueError, ["capture size 70000 is above 65536"]),
+    (lambda: planning.search_cap(decimal.Decimal(5), 3), ValueError, ["candidates must be an int", "Decimal"]),
+    (lambda: planning.search_cap(5, None), ValueError, ["max_graphs None is not a whole number"]),
+    (lambda: settings.closest(3), TypeError, ["name must be a variable name (a str)", "3 (int)"]),
+    (lambda: settings.unknown(3), TypeError, ["environ must be a mapping", "3 (int)"]),
 ]
 
 
