@@ -827,9 +827,12 @@ def _repeated_slots(slots: Tensor) -> Tensor:
 def _atb_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     """Rules (docs/ascend_kernel_facts.md, "Rules the emulators enforce"): ATB's ReshapeAndCacheParam table
     gives slotMapping the open range (-num_blocks*block_size, num_blocks*block_size) "and no repeated values";
-    the kernels skip a negative slot. A slot outside the range, or a non-negative slot two tokens share, is
-    refused when the op runs (at replay for a captured graph). Several negative slots (every -1 of a padded
-    graph, as dlinfer's own runner and vllm-ascend pad) are allowed: the kernels skip them before writing,
+    the kernels skip a negative slot. A slot outside the range is refused when the op runs (at replay for a
+    captured graph). A non-negative slot that two tokens share is written, but its contents are undefined ("重复时
+    不保证正确性", correctness not guaranteed when values repeat): the emulator leaves a value none of those tokens
+    wrote (their rows' sum plus one), so a later read of that slot gives wrong numbers, while a call that never
+    reads it back (lmdeploy's warmup prefill, whose dummy block table sends every token to slot 0) runs. Several
+    negative slots (every -1 of a padded graph, as dlinfer's own runner and vllm-ascend pad) write nothing,
     though the table read literally counts them as repeats too."""
     _check_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
     nb, bs, heads = key_cache.shape[:3]
@@ -842,20 +845,12 @@ def _atb_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
         f"_npu_reshape_and_cache: slot {int(slots[t]) if t is not None else '?'} (token {t}) is below the "
         f"documented range (-{capacity}, {capacity}) (-num_blocks*block_size is excluded)"))
     repeated = _repeated_slots(slots)
-
-    def describe_repeat(t):
-        if t is None:
-            return ("_npu_reshape_and_cache: a slot is written by two tokens of one call; ATB documents slotMapping "
-                    "values as never repeating (padding rows must not share a slot: pad with -1)")
-        first = int((slots == slots[t]).to(torch.uint8).argmax())
-        return (f"_npu_reshape_and_cache: slot {int(slots[t])} is written by tokens {first} and {t} of one call; "
-                "ATB documents slotMapping values as never repeating (padding rows must not share a slot: pad "
-                "with -1, which the kernels skip)")
-
-    _raise_if_any(repeated, describe_repeat)
     for src, cache in ((key, key_cache), (value, value_cache)):
         flat = cache.view(capacity, heads, cache.shape[-1])  # in place: the cache must be viewable flat
         _masked_slot_write(flat, src, slots)  # a negative slot writes nothing
+        if repeated.device.type == "cpu" and bool(repeated.any()):  # (inside the emulated kernel: no host sync)
+            for slot in slots[repeated].unique().tolist():
+                flat[slot] = src[slots == slot].sum(dim=0) + 1
 
 
 def _atb_reshape_and_cache_fake(key, value, key_cache, value_cache, slot_indices):
