@@ -34,7 +34,8 @@ EXAMPLES_ENV = "VENDOR_GRAPH_FUZZ_EXAMPLES"
 EXAMPLES = int(os.environ.get(EXAMPLES_ENV) or 80)
 BOUND = 10.0  # seconds one in-process command may take
 HARD_BOUND = 30.0  # seconds after which it is stopped (SIGALRM) and reported
-STATUSES = {0, 1, 2, 130, 141}  # ok, a check failed, a user error; interrupted, broken pipe (where they apply)
+STATUSES = {0, 1, 2}  # ok, a check found a problem (doctor, plan's self-check), a user error
+SIGNAL_STATUSES = {130, 141}  # interrupted, broken pipe: where a signal or a closed pipe applies (own process)
 
 # derandomize: every run draws the same examples (a failure reproduces); no database: nothing written to the clone
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=False,

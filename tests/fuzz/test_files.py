@@ -3,6 +3,8 @@ capture-size files and plan inputs, read through the CLI, the settings and the p
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fuzz_harness import BOUND, FUZZ, bounded, check, invoke, scaled, workspace
 from fuzz_strategies import capture_size_files, stats_files
@@ -22,7 +24,11 @@ def test_plan_from_generated_stats_files(tmp_path, content, options, second):
     folder = workspace(tmp_path)
     (folder / "stats.json").write_bytes(content)
     files = ["stats.json", "good.json"] if second else ["stats.json"]
-    check(invoke(["plan", "--from-stats", *files, *options], cwd=folder))
+    result = check(invoke(["plan", "--from-stats", *files, *options], cwd=folder))
+    if result.status == 0 and "--json" in options:  # the plan is a file VENDOR_GRAPH_CAPTURE_SIZES takes
+        (folder / "plan.json").write_text(result.out)
+        planned = settings.parse({"VENDOR_GRAPH_CAPTURE_SIZES": str(folder / "plan.json")}).capture_sizes
+        assert list(planned) == json.loads(result.out)["capture_sizes"], result.out
 
 
 @FUZZ

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from fuzz_harness import BOUND, EXAMPLES, STATUSES, scaled, snapshot, workspace
+from fuzz_harness import BOUND, EXAMPLES, SIGNAL_STATUSES, STATUSES, scaled, snapshot, workspace
 from fuzz_strategies import JUNK, NUMBER_TEXT, VENDOR_WORDS
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,7 +27,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _run(argv: list[str], cwd, env=None, bound: float = 60.0) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "vendor_graph", *argv], cwd=cwd, env=_env(env), capture_output=True,
                           text=True, errors="replace", timeout=bound)
-    assert done.returncode in STATUSES, (argv, env, done.returncode, done.stderr[-3000:])
+    assert done.returncode in STATUSES | SIGNAL_STATUSES, (argv, env, done.returncode, done.stderr[-3000:])
     assert TRACEBACK not in done.stderr, (argv, env, done.stderr[-3000:])
     if done.returncode == 2:
         assert done.stderr.strip().splitlines()[-1].startswith("vendor-graph"), (argv, done.stderr[-2000:])
