@@ -28,7 +28,7 @@ OUT = ROOT / "benchmarks" / "results" / "mutations.json"
 PARITY = "tests/conformance/test_decode_parity.py"
 ORDINARY = (PARITY, "tests/conformance/test_random_schedules.py", "tests/conformance/test_camb_maca_lmdeploy_path.py")
 SELECT = ("fia-G1 or fia-G5 or paged_attention-G5 or camb or maca or shrinking or random_schedule"
-          " or goes_through_lmdeploys_attention")
+          " or goes_through_lmdeploys_attention")  # the shrinking schedule includes G5-mla (MLA's KV scatter)
 RANDOM_SCHEDULES = "20"
 
 
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(OUT), help="the JSON record (the markdown table goes beside it, .md)")
     parser.add_argument("--render", action="store_true", help="only write the markdown of an existing record")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only the mutations whose name contains TEXT (repeatable) and update their rows in "
+                             "the existing record, keeping the others")
     args = parser.parse_args(argv)
     if args.render:
         record = json.loads(Path(args.out).read_text())
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = _mutations_module()
     rows, uncaught = [], 0
     for m in mod.MUTATIONS:
-        if mod.RELEASE not in mod.compat.SUPPORTED_SERIES[m.needs]:
+        if not m.applies(mod.RELEASE) or (args.only and not any(t in m.name for t in args.only)):
             continue
         started = time.time()
         with tempfile.TemporaryDirectory() as tmp:
@@ -68,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                      "seconds": round(time.time() - started, 1)})
         uncaught += not caught and not guard_caught
         print(f"{m.name}: {len(caught)} ordinary, {len(guard_caught)} guard tests fail", flush=True)
+    if args.only and Path(args.out).exists():  # keep the other rows, in the order of MUTATIONS
+        fresh = {r["mutation"]: r for r in rows}
+        kept = {r["mutation"]: r for r in json.loads(Path(args.out).read_text())["mutations"]}
+        rows = [fresh.get(m.name) or kept[m.name] for m in mod.MUTATIONS if m.name in fresh or m.name in kept]
     record = {"lmdeploy_series": mod.RELEASE, "ordinary_suite": list(ORDINARY), "selected": SELECT,
               "random_schedules": int(RANDOM_SCHEDULES), "mutations": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -85,10 +85,26 @@ class SideBySide:
     max_abs_diff: float = 0.0  # largest hidden-state difference seen (0.0: bitwise on every step)
     step_seconds: dict = field(default_factory=dict)  # "eager" / "graph" -> host seconds of each step's forward
 
+    embeds_next: bool = False  # the next step feeds inputs_embeds (a multimodal step), in both sessions
+    _embeds: bool = False
+
+    def _kwargs(self, model, ctx) -> dict:
+        kwargs = tm.forward_kwargs(ctx)
+        if self._embeds:
+            # What a VLM step passes: embeddings in place of the token ids' own (here the tokens' scaled by
+            # 0.5), so a graph that ignores them computes another answer than eager.
+            embeds = model._embed(ctx.input_ids.reshape(-1), None) * 0.5
+            kwargs["inputs_embeds"] = embeds.reshape(1, -1, embeds.shape[-1])
+        return kwargs
+
+    def eager_run(self, model, ctx):
+        with torch.inference_mode():
+            return model(**self._kwargs(model, ctx))
+
     def graph_step(self, model, ctx):
         ctx.enable_microbatch = False
         model.ctx_mgr.set_context(ctx)
-        out = self.runner(**tm.forward_kwargs(ctx))
+        out = self.runner(**self._kwargs(model, ctx))
         return out["hidden_states"]
 
     def step(self, active: list[int]) -> None:
@@ -102,11 +118,55 @@ class SideBySide:
                 return hidden[name]
             return wrapped
 
-        eager_tokens = self.eager.step(active, run=keep("eager", tm.eager_step))
+        self._embeds, self.embeds_next = self.embeds_next, False
+        eager_tokens = self.eager.step(active, run=keep("eager", self.eager_run))
+        eager_before = self._eager_steps()
         graph_tokens = self.graph.step(active, run=keep("graph", self.graph_step))
-        n = len(active)
+        ran_eager = self._eager_steps() > eager_before  # the graph's buffers were not filled for this step
+        self._check(len(active), hidden["graph"], hidden["eager"], graph_tokens, eager_tokens, padding=not ran_eager)
+
+    def overlapped_steps(self, first: list[int], second: list[int]) -> None:
+        """Two decode steps issued back to back before anything syncs, as an engine that keeps the next step's
+        input on the device does: step N's replay may still be queued when step N+1 fills the buffers and
+        refreshes the captured tasks' host lengths, so a refresh not ordered after the replay shows up as step
+        N reading step N+1's lengths. The eager side runs first; its tokens feed both sessions (one token per
+        sequence: single-token decode on the simulator only)."""
+        from . import device as sim
+
+        if self.eager.query_len != 1:
+            raise ValueError("overlapped steps feed one token per sequence")
+        model = self.model
+        self._embeds = False
+        eager_out, eager_tokens = [], []
+        for active in (first, second):
+            out = self.eager_run(model, self.eager.decode_context(active)).clone()
+            chosen = [int(t) for t in model.get_logits(out.reshape(-1, model.config.hidden_size)[: len(active)])
+                      .argmax(-1).tolist()]
+            for i, tok in zip(active, chosen, strict=True):
+                self.eager.tokens[i].append(tok)
+            eager_out.append(out)
+            eager_tokens.append(chosen)
+        eager_before = self._eager_steps()
+        ctx_n = self.graph.decode_context(first)
+        for i, tok in zip(first, eager_tokens[0], strict=True):
+            self.graph.tokens[i].append(tok)
+        ctx_n1 = self.graph.decode_context(second)
+        for i, tok in zip(second, eager_tokens[1], strict=True):
+            self.graph.tokens[i].append(tok)
+        with sim.configured(eager_drain=False):
+            out_n = self.graph_step(model, ctx_n).clone()
+            out_n1 = self.graph_step(model, ctx_n1).clone()
+            (torch.npu if model.vendor == "ascend" else torch.cuda).synchronize()
+        ran_eager = self._eager_steps() > eager_before
+        for active, got, want, tokens, last in ((first, out_n, eager_out[0], eager_tokens[0], False),
+                                                (second, out_n1, eager_out[1], eager_tokens[1], True)):
+            got_tokens = [int(t) for t in model.get_logits(got.reshape(-1, model.config.hidden_size)[: len(active)])
+                          .argmax(-1).tolist()]
+            # step N's buffers were refilled by step N+1: only the second has its padding to check
+            self._check(len(active), got, want, got_tokens, tokens, padding=last and not ran_eager)
+
+    def _check(self, n: int, got, want, graph_tokens, eager_tokens, padding: bool) -> None:
         rows = n * self.eager.query_len  # every query token of every live sequence
-        got, want = hidden["graph"], hidden["eager"]
         if got.shape != want.shape or got.dtype != want.dtype:  # what lmdeploy's sampler receives, not padded
             self.mismatches.append(f"step {self.steps} batch {n}: the runner returned {tuple(got.shape)} {got.dtype}, "
                                    f"eager {tuple(want.shape)} {want.dtype}")
@@ -119,7 +179,8 @@ class SideBySide:
                 self.mismatches.append(f"step {self.steps} batch {n}: hidden states differ (max abs {diff:.3g})")
         if eager_tokens != graph_tokens:
             self.mismatches.append(f"step {self.steps}: tokens {graph_tokens} != eager {eager_tokens}")
-        self.check_padding(n)
+        if padding:
+            self.check_padding(n)
         # MLA graphs pad their KV writes with distinct slots of reserved block 0 (a negative index is not
         # supported by its scatter): block 0 is theirs to write, every other block must match eager.
         first = 1 if getattr(self.model, "is_mla", False) else 0
@@ -134,6 +195,10 @@ class SideBySide:
                     self.mismatches.append(f"step {self.steps}: layer {layer} {which}-cache reserved block 0 "
                                            f"was written")
         self.steps += 1
+
+    def _eager_steps(self) -> int:
+        stats = getattr(self.runner, "stats", None)
+        return sum(stats.eager_steps.values()) if stats is not None else 0
 
     def _rtol_atol(self) -> tuple[float, float]:
         return self.tolerance if self.tolerance is not None else (0.0, 0.0)
@@ -174,6 +239,10 @@ class SideBySide:
             tail = tensor.narrow(f.row_dim, start, count)
             if not torch.equal(tail.cpu(), spec.padding(meta, f.name).narrow(f.row_dim, start, count).cpu()):
                 self.mismatches.append(f"step {self.steps} batch {batch}: {f.name} holds stale rows past the batch")
+            inert = INERT_PADDING.get(f.name)
+            if inert is not None and count and not inert(tail.cpu(), meta):
+                self.mismatches.append(f"step {self.steps} batch {batch}: {f.name} padding rows "
+                                       f"{tail.cpu().reshape(-1)[:8].tolist()}... are not inert ({inert.__doc__})")
 
     def replace(self, slot: int, prompt: list[int]) -> None:
         """Sequence ``slot`` finishes; a new one takes its place and its freed KV blocks (as lmdeploy's
@@ -209,16 +278,62 @@ class SideBySide:
     def run(self, plan: list[list[int]], replacements: dict[int, tuple[int, list[int]]],
             events: dict[int, tuple[str, ...]] | None = None) -> None:
         """Step through ``plan``; after step ``i``, ``replacements[i]`` (a sequence finishes, a new one
-        joins in its slot) and ``events[i]``: ``"realloc_kv"``, ``"weights_moved"``, ``"weights_in_place"``."""
+        joins in its slot) and ``events[i]``: ``"realloc_kv"``, ``"weights_moved"``, ``"weights_in_place"``,
+        ``"embeds_next"`` (the next step feeds ``inputs_embeds``, as a multimodal step does: a graph captured
+        without them must refuse the step, which then runs eager), ``"overlap_next"`` (the next two steps are
+        issued back to back before anything syncs: :meth:`overlapped_steps`)."""
         actions = {"realloc_kv": self.reallocate_kv,
+                   "embeds_next": lambda: setattr(self, "embeds_next", True),
                    "weights_moved": lambda: self.update_weights(moved=True),
                    "weights_in_place": lambda: self.update_weights(moved=False)}
-        for step, active in enumerate(plan):
-            self.step(active)
-            if step in replacements:
-                self.replace(*replacements[step])
-            for event in (events or {}).get(step, ()):
-                actions[event]()
+        overlap = False
+        actions["overlap_next"] = lambda: None  # read below: the next two steps run back to back
+        step = 0
+        while step < len(plan):
+            if overlap and step + 1 < len(plan) and not (events or {}).get(step) and step not in replacements:
+                self.overlapped_steps(plan[step], plan[step + 1])
+                done = (step, step + 1)
+            else:
+                self.step(plan[step])
+                done = (step,)
+            overlap = False
+            for i in done:
+                if i in replacements:
+                    self.replace(*replacements[i])
+                for event in (events or {}).get(i, ()):
+                    actions[event]()
+                    overlap |= event == "overlap_next"
+            step = done[-1] + 1
+
+
+def _reads_block_zero_only(rows: torch.Tensor, meta) -> bool:
+    """padding rows of the block table address only lmdeploy's reserved block 0"""
+    return bool((rows == 0).all())
+
+
+def _no_kv_length(rows: torch.Tensor, meta) -> bool:
+    """a padding row's KV length (host or device) is 0: it reads no KV"""
+    return bool((rows == 0).all())
+
+
+def _writes_no_live_slot(rows: torch.Tensor, meta) -> bool:
+    """a padding token's KV slot is -1 (written nowhere) or, for MLA caches, a distinct-as-possible slot of
+    reserved block 0"""
+    if not getattr(meta, "kv_is_mla", False):
+        return bool((rows == -1).all())
+    block_size = int(getattr(meta, "kv_block_size", 0) or 1)
+    return bool(((rows >= 0) & (rows < block_size)).all())
+
+
+# What padding rows must hold, stated apart from the buffer specs (a spec whose padding changes would
+# otherwise check its fills against itself): the documented safe values of DESIGN.md section 2 and
+# docs/ascend_kernel_facts.md, the same as dlinfer's own Ascend graph runner writes.
+INERT_PADDING = {
+    "block_offsets": _reads_block_zero_only,
+    "kv_seqlens": _no_kv_length,
+    "kv_seqlens_device": _no_kv_length,
+    "kv_start_indices": _writes_no_live_slot,
+}
 
 
 def graphs_by_batch(runner) -> dict[int, object]:

@@ -23,6 +23,7 @@ from vendor_graph import compat
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 PARITY = "tests/conformance/test_decode_parity.py"
+SCHEDULE = "tests/conformance/test_random_schedules.py::test_random_schedule"
 ASCEND_PARITY = f"{PARITY}::test_ascend_graph_matches_eager_and_refreshes_seqlens"
 ASCEND_SHRINKING = f"{PARITY}::test_ascend_batches_shrinking_within_their_bucket_match_eager"
 
@@ -35,6 +36,10 @@ class Mutation:
     new: str
     tests: tuple[str, ...]
     needs: str = "ascend"  # the vendor whose conformance catches it on this lmdeploy release
+    releases: tuple[str, ...] | None = None  # the lmdeploy series whose code path it changes (None: every one)
+
+    def applies(self, release: str) -> bool:
+        return release in compat.SUPPORTED_SERIES[self.needs] and (self.releases is None or release in self.releases)
 
 
 MUTATIONS = (
@@ -108,6 +113,45 @@ MUTATIONS = (
         "        return self.model.get_outputs_cudagraph(graph.output_buffers, **kwargs)",
         "        return graph.output_buffers",
         (f"{ASCEND_PARITY}[fia-G5]",)),
+    # Issue 29, item 7: the classes that only area tests caught, now caught by the ordinary parity and schedules.
+    # Padding contents (the harness checks padding rows against the documented inert values, not the spec's own).
+    Mutation(
+        "padding: host KV lengths of padding rows 1, not 0 (0.16/0.17)", "vendors/ascend/spec.py",
+        "            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=0, placement=HOST,\n"
+        "                        source=Ref.attn(\"kv_seqlens\"), bind=(Ref.attn(\"kv_seqlens\"),)),",
+        "            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=1, placement=HOST,\n"
+        "                        source=Ref.attn(\"kv_seqlens\"), bind=(Ref.attn(\"kv_seqlens\"),)),",
+        (f"{ASCEND_PARITY}[fia-G5]",), releases=("0.16", "0.17")),
+    Mutation(
+        "padding: host KV lengths of padding rows 1, not 0 (0.18)", "vendors/ascend/spec.py",
+        "            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=0, placement=HOST,\n"
+        "                        source=Ref.attn(\"kv_seqlens_cpu\")",
+        "            BufferField(HOST_KV_SEQLENS, (BATCH,), torch.int32, pad=1, placement=HOST,\n"
+        "                        source=Ref.attn(\"kv_seqlens_cpu\")",
+        (f"{ASCEND_PARITY}[fia-G5]",), releases=("0.18",)),
+    Mutation(
+        "padding: Camb/MACA device KV lengths of padding rows 1, not 0", "cuda_style.py",
+        'BufferField("kv_seqlens", (BATCH,), torch.int32, pad=0, source=Ref.attn("kv_seqlens"),',
+        'BufferField("kv_seqlens", (BATCH,), torch.int32, pad=1, source=Ref.attn("kv_seqlens"),',
+        (f"{PARITY}::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",), needs="camb"),
+    Mutation(
+        "padding: block-table rows of padding point at block 1, not reserved block 0", "fields.py",
+        'return BufferField("block_offsets", (BATCH, BLOCKS), torch.int32, pad=0,',
+        'return BufferField("block_offsets", (BATCH, BLOCKS), torch.int32, pad=1,',
+        (f"{ASCEND_PARITY}[fia-G5]",)),
+    Mutation(
+        "an 'inputs changed' refusal swallowed: a graph replays ignoring inputs_embeds it was captured without",
+        "buffers.py",
+        "            if src is not None:\n                raise GraphInputsChanged(\n"
+        "                    f\"{self.vendor} graph for batch {state.dims.batch} was captured without {f.source}, \"",
+        "            if src is not None and False:\n                raise GraphInputsChanged(\n"
+        "                    f\"{self.vendor} graph for batch {state.dims.batch} was captured without {f.source}, \"",
+        (f"{SCHEDULE}[2]",)),
+    Mutation(
+        "Ascend graph key ignores the query length", "vendors/ascend/runner.py",
+        "            query_len=max(1, input_ids.size(-1) // batch),",
+        "            query_len=1,",
+        (f"{SCHEDULE}[0]",)),
     Mutation(
         "lmdeploy's CUDA runner (adopted) output returned padded, not sliced", "adopted.py",
         "        return model.get_outputs_cudagraph(meta.output_buffers, **kwargs)",
@@ -141,8 +185,9 @@ def _mutated_tree(tmp_path: Path, mutation: Mutation) -> Path:
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_classic_failure_is_caught(mutation, tmp_path):
-    if RELEASE not in compat.SUPPORTED_SERIES[mutation.needs]:
-        pytest.skip(f"its guard runs on {mutation.needs}, unsupported on lmdeploy {RELEASE}")
+    if not mutation.applies(RELEASE):
+        pytest.skip(f"it changes code lmdeploy {RELEASE} does not run, or its guard runs on {mutation.needs}, "
+                    f"unsupported on {RELEASE}")
     proc = _pytest(_mutated_tree(tmp_path, mutation), list(mutation.tests), "-x")
     caught = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.M)
     assert proc.returncode == 1 and caught, (
@@ -152,7 +197,7 @@ def test_classic_failure_is_caught(mutation, tmp_path):
 
 def test_the_unmutated_copy_passes(tmp_path):
     """The harness itself: the same tests on an unchanged copy must pass, or every 'catch' above is noise."""
-    tests = sorted({t for m in MUTATIONS if RELEASE in compat.SUPPORTED_SERIES[m.needs] for t in m.tests})
+    tests = sorted({t for m in MUTATIONS if m.applies(RELEASE) for t in m.tests})
     proc = _pytest(_copy(tmp_path), tests)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "vendor_graph" in proc.stdout or "passed" in proc.stdout
