@@ -83,6 +83,12 @@ def cuda_capture_sizes(max_batches: int) -> list[int]:
     return sizes
 
 
+def _listed_text(sizes: list) -> str:
+    """``sizes`` for a message: at most 64 of them, an int too long to print as its size."""
+    shown = [str(s) if -(2**64) < s < 2**64 else _values.brief(s) for s in sizes[:64]]
+    return "[" + ", ".join(shown) + (", ...]" if len(sizes) > 64 else "]")
+
+
 def _listed(name: str, sizes: object) -> list:
     """The first ``MAX_BATCHES_LIMIT + 1`` items of ``sizes``, any iterable but a str, bytes or a mapping."""
     if isinstance(sizes, (str, bytes, bytearray, Mapping)) or not isinstance(sizes, Iterable):
@@ -111,11 +117,11 @@ def explicit_capture_sizes(sizes: Iterable[int], max_batches: int) -> list[int]:
         raise ValueError("cudagraph_capture_batch_sizes is empty; leave it unset to use the default sizes")
     low = [s for s in values if s < 1]
     if low:
-        raise ValueError(f"cudagraph_capture_batch_sizes must be positive ints, got {low}")
+        raise ValueError(f"cudagraph_capture_batch_sizes must be positive ints, got {_listed_text(low)}")
     kept = sorted({s for s in values if s <= max_batches})
     if not kept:
         raise ValueError(
-            f"cudagraph_capture_batch_sizes {given} are all above max_batch_size {max_batches}; "
+            f"cudagraph_capture_batch_sizes {_listed_text(values)} are all above max_batch_size {max_batches}; "
             f"give at least one size <= {max_batches} (lmdeploy refuses this too)"
         )
     if kept[-1] != max_batches:
@@ -142,7 +148,7 @@ def _check_capture_sizes(capture_sizes: object) -> list[int]:
     sizes = [operator.index(s) for s in given]
     if sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes)):
         raise ValueError(
-            f"capture sizes {sizes if len(sizes) <= 64 else sizes[:64] + ['...']} are not positive and strictly "
+            f"capture sizes {_listed_text(sizes)} are not positive and strictly "
             f"ascending; normalise them with explicit_capture_sizes(), as lmdeploy does cudagraph_capture_batch_sizes"
         )
     return sizes
@@ -170,9 +176,8 @@ def pad_to_bucket(capture_sizes: Sequence[int], batch: int) -> int:
         copy = capture_sizes[:] if type(capture_sizes) in (list, tuple) else None  # type: ignore[index]
         _checked = (capture_sizes, copy, sizes)
     if batch < 1 or batch > sizes[-1]:
-        shown = sizes if len(sizes) <= 64 else [*sizes[:64], "..."]
         raise ValueError(
-            f"batch {_values.show(batch) if batch > MAX_BATCHES_LIMIT else batch} has no graph: captured sizes are "
-            f"{shown} (1 <= batch <= {sizes[-1]}); raise max_batch_size or run this step eager"
+            f"batch {_values.brief(batch)} has no graph: captured sizes are {_listed_text(sizes)} (1 <= batch <= "
+            f"{_values.brief(sizes[-1])}); raise max_batch_size or run this step eager"
         )
     return sizes[bisect_left(sizes, batch)]

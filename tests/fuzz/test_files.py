@@ -74,5 +74,5 @@ def test_generated_capture_size_files(tmp_path, content, command):
     assert seconds < BOUND, seconds
     assert isinstance(value, (settings.Settings, settings.SettingsError)), repr(value)
     if isinstance(value, settings.Settings):
-        assert all(type(s) is int and 1 <= s < 2**63 for s in value.capture_sizes), value.capture_sizes
+        assert all(type(s) is int and s >= 1 for s in value.capture_sizes), value.capture_sizes
     check(invoke(command, env=env, cwd=folder))

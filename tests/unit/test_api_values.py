@@ -68,6 +68,14 @@ REFUSED = [  # (call, exception type, words the message must hold)
     (lambda: buckets.pad_to_bucket(None, 2), TypeError, ["capture_sizes must be a sequence of ints", "None"]),
     (lambda: buckets.pad_to_bucket("124", 2), TypeError, ["capture_sizes must be a sequence of ints", "(str)"]),
     (lambda: buckets.pad_to_bucket([1, 2, 4], HUGE), ValueError, ["batch an int of about 5001 digits has no graph"]),
+    # found by tests/fuzz/test_api_values.py: the message itself failed to print a huge size
+    (lambda: buckets.pad_to_bucket([HUGE, 1], 1), ValueError, ["capture sizes [an int of about 5001 digits, 1] are not "
+                                                               "positive and strictly ascending"]),
+    (lambda: buckets.pad_to_bucket([1, HUGE], -HUGE), ValueError, ["batch an int of about 5001 digits has no graph",
+                                                                   "1 <= batch <= an int of about 5001 digits"]),
+    (lambda: buckets.explicit_capture_sizes([HUGE], 8), ValueError, ["[an int of about 5001 digits] are all above "
+                                                                     "max_batch_size 8"]),
+    (lambda: buckets.explicit_capture_sizes([-HUGE], 8), ValueError, ["must be positive ints, got [an int of"]),
     (lambda: buckets.pad_to_bucket([1, 2, 4], decimal.Decimal(2)), TypeError, ["batch must be an int", "Decimal"]),
     (lambda: ascend_bucket(10**400), ValueError, ["batch must be from 1 to 65536", "about 401 digits"]),
     (lambda: planning.fit_sizes([3, 4], 8, 2), ValueError, ["weights must be a mapping", "(list)"]),
