@@ -56,7 +56,7 @@ def specs() -> dict[str, Any]:
     """Every vendor's buffer spec for the lmdeploy releases whose layouts differ."""
     from packaging.version import Version
 
-    from vendor_graph.compat import LmdeployApi
+    from vendor_graph.upstream.compat import LmdeployApi
     from vendor_graph.vendors.ascend.spec import ascend_spec
     from vendor_graph.vendors.camb import camb_spec
     from vendor_graph.vendors.maca import maca_spec
@@ -110,7 +110,7 @@ def dlinfer_problem() -> str | None:
     """Why the real dlinfer cannot run here (``VENDOR_GRAPH_DLINFER_SRC`` unusable, or no dlinfer at all), or None."""
     from vendor_graph_sim import realstack
 
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     try:
         realstack.dlinfer_origin()

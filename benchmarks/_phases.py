@@ -125,15 +125,15 @@ class _ReplayProxy:
 
 def _targets(runner: Any) -> list[tuple[Any, str, str]]:
     """(owner, attribute, label) for every phase present on this runner (adopted or lmdeploy's own)."""
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     model = runner.model
     out: list[tuple[Any, str, str]] = []
     policy = getattr(runner, "policy", None)
     if policy is not None:  # vendor_graph's adopted runner
-        import vendor_graph.faults as faults
-        import vendor_graph.patching as patching
-        import vendor_graph.stats as stats
+        import vendor_graph.install.patching as patching
+        import vendor_graph.runtime.faults as faults
+        import vendor_graph.runtime.stats as stats
 
         out += [(policy, "step", "vg StepPolicy.step (own)"),
                 (patching, "ensure_owned", "vg patching.ensure_owned"),
@@ -167,7 +167,7 @@ def _targets(runner: Any) -> list[tuple[Any, str, str]]:
 def phase_timers(runner: Any) -> Iterator[PhaseClock]:
     """Wrap every phase of ``runner``'s replay step for the block; yields the :class:`PhaseClock`.
     Everything is restored on exit (instance attributes removed again where there were none)."""
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     clock = PhaseClock()
     undo: list[tuple[Any, str, Any]] = []

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _phases, _stats besi
 from vendor_graph_sim import harness  # noqa: E402
 from vendor_graph_sim import tiny_model as tm  # noqa: E402
 
-from vendor_graph import compat  # noqa: E402
+from vendor_graph.upstream import compat  # noqa: E402
 
 VENDOR = "camb"
 # ~0.9B parameters: 16 layers of hidden 2048 (16 heads, 8 KV heads of 128), SwiGLU 5632, vocab 32000.

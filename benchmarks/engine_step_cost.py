@@ -178,7 +178,7 @@ def child(generation: str, which: str, out: Path, requests: int, max_batch_size:
         engine.switch_on(generation)
         if which == "vendor_graph":
             import vendor_graph.ascend  # noqa: F401  (what the user writes before lmdeploy starts)
-            from vendor_graph import bridges
+            from vendor_graph.install import bridges
 
             def bridge_names() -> list[str]:
                 return sorted({b.name for b in bridges.applied()})

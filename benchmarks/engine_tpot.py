@@ -152,8 +152,8 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
                   f"long-short median {statistics.median(tpots):.3f} ms min {min(tpots):.3f} ms",
                   file=sys.stderr, flush=True)
         if mode == "vendor":
-            from vendor_graph import patching
-            from vendor_graph.stats import live_runners
+            from vendor_graph.install import patching
+            from vendor_graph.runtime.stats import live_runners
 
             runners = live_runners()
             result["vendor_graph"] = {

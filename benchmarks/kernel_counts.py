@@ -278,7 +278,7 @@ def _export(prof) -> dict:
 
 def lmdeploy_mixin_originals() -> dict[str, Any]:
     """lmdeploy's own ``CudaGraphMixin`` functions that vendor_graph's active patches replaced."""
-    from vendor_graph import patching
+    from vendor_graph.install import patching
 
     activation = patching.active()
     if activation is None:
@@ -317,7 +317,7 @@ class Stack:
             torch.cuda.synchronize()
 
     def graph_of(self, arm: str, batch: int):
-        from vendor_graph import compat
+        from vendor_graph.upstream import compat
 
         graphs = compat.cuda_runner_graphs(self.runners[arm])
         fits = sorted((k for k in graphs if k[0] >= batch and k[1]), key=lambda k: k[0])
@@ -345,8 +345,8 @@ class EngineStack(Stack):
         from lmdeploy.pytorch.models.utils import cudagraph  # noqa: F401  (the mixin patch fires on import)
 
         import vendor_graph.cuda  # noqa: F401  (before lmdeploy builds anything)
-        from vendor_graph import compat
-        from vendor_graph.adopted import AdoptedRunner
+        from vendor_graph.runtime.adopted import AdoptedRunner
+        from vendor_graph.upstream import compat
 
         self.pins = lmdeploy_mixin_originals()
         start = time.perf_counter()
@@ -425,7 +425,7 @@ class SimStack(Stack):
     def __init__(self, batches: tuple[int, ...]):
         import decode_bench as db
 
-        from vendor_graph import compat
+        from vendor_graph.upstream import compat
 
         self.db = db
         self.bench = db.Bench("sim", db.model_config("tiny", max(batches), False), max(batches))
@@ -655,7 +655,7 @@ def main_run(stack_factory, out_path: str, batches, profile_steps: int, rounds: 
 
     result.update(torch=torch.__version__, device=torch.cuda.get_device_name() if stack.real else "CPU simulator")
     try:
-        from vendor_graph import compat
+        from vendor_graph.upstream import compat
 
         result["lmdeploy"] = str(compat.installed_lmdeploy_version())
     except Exception:  # noqa: BLE001

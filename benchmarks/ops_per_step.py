@@ -58,7 +58,7 @@ def main() -> None:
     standins.use_standin_dlinfer_if_missing()  # lmdeploy's dlinfer backends import dlinfer
     from vendor_graph_sim.device.opcount import replay_step_ops
 
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     release = compat.series(compat.installed_lmdeploy_version())
     results = []

@@ -41,7 +41,7 @@ def counts(release: str) -> list[dict]:
     standins.use_standin_dlinfer_if_missing()  # lmdeploy's dlinfer backends import dlinfer
     from vendor_graph_sim.device.opcount import replay_step_ops
 
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     rows = []
     for vendor, path in CASES:
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=fill_vs_dlinfer.BLOCK)
     args = parser.parse_args()
     logging.getLogger("lmdeploy").setLevel(logging.WARNING)
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     release = compat.series(compat.installed_lmdeploy_version())
     path = _common.RESULTS / "step_cost.json"

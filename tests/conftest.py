@@ -24,7 +24,7 @@ def dlinfer_available():
     dlinfer at all (the stand-in above runs no kernel and does not count) skips them, saying how to provide one."""
     from vendor_graph_sim import realstack
 
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     try:
         return realstack.dlinfer_origin()
@@ -68,7 +68,7 @@ def _no_vendor_active():
 @pytest.fixture(autouse=True)
 def _fresh_settings():
     """Each test reads the settings of its own environment: another test's last parse does not carry over."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     settings.clear()
     yield

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 from vendor_graph.vendors.ascend import releases
 
 GENERATIONS = tuple(os.environ.get("VENDOR_GRAPH_REAL_STACK_GENERATIONS", " ".join(releases.GENERATIONS)).split())

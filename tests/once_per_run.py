@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
 _HERE = compat.installed_lmdeploy_version()

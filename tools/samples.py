@@ -79,7 +79,7 @@ MARKER = re.compile(r"^<!-- sample: ([\w.-]+) -->$", re.M)
 
 TIMES = (
     (re.compile(r"\b\d+\.\d+ (ms|s)\b"), r"<t> \1"),
-    # the "capture s" column of vendor_graph.stats' table: after the waste percentage
+    # the "capture s" column of vendor_graph.runtime.stats' table: after the waste percentage
     (re.compile(r"^(\s*\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\.\d%\s+)\d+\.\d+(?= )", re.M), r"\1<t>"),
     (re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\b"), "<timestamp>"),
     (re.compile(r"\b(pid)([ =:]+)\d+\b"), r"\1\2<pid>"),
@@ -226,7 +226,7 @@ def documented_environment() -> str | None:
     """Why this environment is not the one the samples are documented for, or None."""
     from packaging.version import Version
 
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     newest = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
     here = compat.installed_lmdeploy_version()

@@ -2,8 +2,8 @@
 and how each cell was verified: README's short status grid and its upstream breakages, and the full matrix
 in docs/support.md.
 
-Sources, one each: the lmdeploy series are ``vendor_graph.compat.SUPPORTED_SERIES``; the upstream breakages
-(and any refusal) are ``vendor_graph.upstream.BREAKAGES``; torch_npu generations and seq-len paths are
+Sources, one each: the lmdeploy series are ``vendor_graph.upstream.compat.SUPPORTED_SERIES``; the upstream breakages
+(and any refusal) are ``vendor_graph.upstream.breakages.BREAKAGES``; torch_npu generations and seq-len paths are
 ``vendor_graph.vendors.ascend.releases`` and ``vendor_graph.vendors.ascend.seqlen``; the minimum torch is
 ``[tool.vendor_graph] min-torch`` in pyproject.toml. This file holds the rest: the (CANN, torch_npu, torch) pairs
 (also the matrix of ``.github/workflows/ascend-torch-npu-matrix.yml``, which a test keeps equal).
@@ -92,21 +92,21 @@ def _first_clause(text: str) -> str:
 
 
 def _all_series() -> list[str]:
-    from vendor_graph.compat import SUPPORTED_SERIES
-    from vendor_graph.upstream import refused_series, series_key
+    from vendor_graph.upstream.breakages import refused_series, series_key
+    from vendor_graph.upstream.compat import SUPPORTED_SERIES
 
     return sorted({s for v in VENDORS for s in SUPPORTED_SERIES[v]} | refused_series(), key=series_key)
 
 
 def _number(breakage) -> int:
-    from vendor_graph.upstream import BREAKAGES
+    from vendor_graph.upstream.breakages import BREAKAGES
 
     return BREAKAGES.index(breakage) + 1
 
 
 def lmdeploy_rows() -> list[str]:
-    from vendor_graph import upstream
-    from vendor_graph.compat import SUPPORTED_SERIES
+    from vendor_graph.upstream import breakages as upstream
+    from vendor_graph.upstream.compat import SUPPORTED_SERIES
 
     rows = ["| lmdeploy | vendor | dlinfer | vendor_graph | verified |", "|---|---|---|---|---|"]
     for s in _all_series():
@@ -135,8 +135,8 @@ def lmdeploy_rows() -> list[str]:
 def status_rows() -> list[str]:
     """README's grid: per lmdeploy series and vendor, whether vendor_graph supports it, with the numbers of the
     upstream breakages (the table under the grid) that apply."""
-    from vendor_graph import upstream
-    from vendor_graph.compat import SUPPORTED_SERIES
+    from vendor_graph.upstream import breakages as upstream
+    from vendor_graph.upstream.compat import SUPPORTED_SERIES
 
     rows = ["| lmdeploy | " + " | ".join(VENDORS) + " |", "|---" * (len(VENDORS) + 1) + "|"]
     for s in _all_series():
@@ -158,7 +158,7 @@ def status_rows() -> list[str]:
 def breakage_rows() -> list[str]:
     """The upstream breakages, one row each: vendors, lmdeploy series, the dlinfer generations that have it, what
     breaks, and what vendor_graph does about it."""
-    from vendor_graph import upstream
+    from vendor_graph.upstream import breakages as upstream
 
     rows = ["| # | vendors | lmdeploy | dlinfer with it | what breaks | vendor_graph |", "|---|---|---|---|---|---|"]
     for n, b in enumerate(upstream.BREAKAGES, 1):
@@ -174,7 +174,7 @@ def breakage_rows() -> list[str]:
 
 
 def dlinfer_lines() -> list[str]:
-    from vendor_graph import upstream
+    from vendor_graph.upstream import breakages as upstream
 
     return ["dlinfer generations (recognised by what their modules contain; `vendor-graph doctor` names the one "
             "found): " + "; ".join(f"{key}: {text}" for key, text in upstream.DLINFERS.items()) + "."]

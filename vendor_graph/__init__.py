@@ -15,7 +15,7 @@ REFERENCE_VENDORS = ("cuda",)
 
 def uninstall() -> None:
     """Restore lmdeploy's original methods and remove vendor_graph's import hooks."""
-    from . import patching
+    from .install import patching
 
     patching.uninstall()
 
@@ -24,7 +24,7 @@ def active_vendor() -> str | None:
     """The vendor active in this process, or None."""
     import sys
 
-    patching = sys.modules.get("vendor_graph.patching")
+    patching = sys.modules.get("vendor_graph.install.patching")
     activation = patching.active() if patching is not None else None
     return activation.vendor if activation is not None else None
 

@@ -8,7 +8,7 @@ import a no-op, and :func:`vendor_graph.uninstall` lets a later import activate 
 
 from __future__ import annotations
 
-from .vendor import activation_on_import
+from .install.profile import activation_on_import
 from .vendors.ascend import PROFILE, ascend_spec, call_attention, capturing, seqlen_update_path
 
 activate = activation_on_import(PROFILE)

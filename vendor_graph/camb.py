@@ -7,7 +7,7 @@ import activate again.
 
 from __future__ import annotations
 
-from .vendor import activation_on_import
+from .install.profile import activation_on_import
 from .vendors.camb import PROFILE, camb_spec
 
 activate = activation_on_import(PROFILE)

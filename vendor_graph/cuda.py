@@ -7,7 +7,7 @@ adopted, with vendor_graph's buffers for lmdeploy 0.18's Triton decode). The roo
 
 from __future__ import annotations
 
-from .vendor import activation_on_import
+from .install.profile import activation_on_import
 from .vendors.cuda import PROFILE, cuda_spec
 
 activate = activation_on_import(PROFILE)

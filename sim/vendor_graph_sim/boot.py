@@ -54,7 +54,7 @@ class SimSwitchError(ValueError):
 def _parse(spec: str) -> tuple[str | None, str | None]:
     """(generation, release) named by ``spec``, one of them None; :class:`SimSwitchError` naming the valid values
     for anything else. Reads only vendor_graph's settings and release table: it runs at interpreter start."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
     from vendor_graph.vendors.ascend.releases import GENERATIONS
 
     try:
@@ -124,7 +124,7 @@ def stage(root: Path) -> Path:
 
 def dlinfer_source() -> Path | None:
     """The dlinfer source tree to stage: ``VENDOR_GRAPH_DLINFER_SRC`` (validated by vendor_graph's settings)."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     root = settings.declared("dlinfer_src").parse(os.environ.get(settings.variable("dlinfer_src")))
     return Path(root) if root is not None else None

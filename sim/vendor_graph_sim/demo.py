@@ -38,12 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from vendor_graph import VENDORS, __version__
-from vendor_graph.cli import (
-    UsageError,
-    count_type,
-    generation_type,
-    json_path_type,
-)
+from vendor_graph.ops.cli import UsageError, count_type, generation_type, json_path_type
 
 from . import engine
 
@@ -162,7 +157,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _tiny_demo(args: argparse.Namespace) -> int:
     """The tiny decoder on the CPU graph simulator, eager and graph side by side."""
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     from . import device as sim
     from . import standins
@@ -212,7 +207,7 @@ def _tiny_demo(args: argparse.Namespace) -> int:
         print(f"Step times {'on the GPU' if real else 'on the simulator'} (median of {len(times['graph'])}; graph "
               f"includes its capture steps): eager {median['eager']:.2f} ms, graph {median['graph']:.2f} ms")
     runner = pair.runner
-    print("\nGraph stats (vendor_graph.stats)")
+    print("\nGraph stats (vendor_graph.runtime.stats)")
     print(runner.stats.summary())
     seqlen_path = None
     if vendor == "ascend":
@@ -248,7 +243,7 @@ def tiny_blocks(seqs: int, steps: int) -> int:
 
 
 def _check_lmdeploy(vendor: str, version: Any) -> None:
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     if compat.series(version) not in compat.SUPPORTED_SERIES[vendor]:
         supporting = compat.vendors_supporting(version)
@@ -300,7 +295,7 @@ def _switch_on(release: str) -> None:
 def _dlinfer_source() -> str:
     """Where the engine's dlinfer comes from: ``VENDOR_GRAPH_DLINFER_SRC`` or an installed dlinfer (never the
     test stand-in); :class:`UsageError` naming how to provide one when there is none."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     from . import standins
 
@@ -402,7 +397,7 @@ class _Served:
 
     graph: engine.EngineRun
     eager: engine.EngineRun
-    summary: str | None  # the runner's stats table (vendor_graph.stats), None without a vendor_graph runner
+    summary: str | None  # the runner's stats table (vendor_graph.runtime.stats), None without a vendor_graph runner
     sizes: list[int]  # its capture sizes
     seqlen_path: str | None
     updates: str  # what the simulator counted of the seq-len updates
@@ -431,7 +426,7 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
                          f"itself after import vendor_graph.ascend, or vendor-graph demo --model tiny")
     release, generation = _simulated_torch_npu(args.generation)
     source = _dlinfer_source()
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     version = compat.installed_lmdeploy_version()
     _check_lmdeploy(ENGINE_VENDOR, version)
@@ -449,7 +444,7 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
     print(f"\n{seconds:.1f} s in all (two engines built, warmed up and served): the simulator is CPU emulation, "
           f"not a device speed")
     if args.json is not None:
-        from vendor_graph import bridges
+        from vendor_graph.install import bridges
 
         graph, comparison = served.graph, served.comparison
         write_json(args.json, {
@@ -469,7 +464,7 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
 
 def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> _Served:
     """``load`` through lmdeploy's pipeline in graph mode, then with ``eager_mode=True``, on one checkpoint."""
-    from vendor_graph import stats
+    from vendor_graph.runtime import stats
 
     from . import device as sim
 
@@ -492,7 +487,7 @@ def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> 
 
 def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
     """The verdict, the runner and its stats, what vendor_graph changed in the stack, one request's text."""
-    from vendor_graph import bridges, patching
+    from vendor_graph.install import bridges, patching
 
     from .boot import STANDIN_LABEL
 
@@ -509,8 +504,8 @@ def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
     if served.problems:
         print(f"FAIL: {'; '.join(served.problems)}")
 
-    print(f"\nGraph stats of the graph-mode run (vendor_graph.stats): {graph.captures} captures, {graph.replays} "
-          f"replays")
+    print(f"\nGraph stats of the graph-mode run (vendor_graph.runtime.stats): {graph.captures} captures, "
+          f"{graph.replays} replays")
     print(served.summary or "(no vendor_graph runner ran)")
     batches = sorted((int(b), n) for b, n in graph.histogram.items())
     padded = [f"batch {b} pads to {min(s for s in served.sizes if s >= b)}" for b, _ in batches
@@ -520,7 +515,7 @@ def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
     print(f"seq-len update path: {served.seqlen_path or '-'}: {served.updates}, as the simulator counted them")
 
     applied = {b.name: b for b in bridges.applied()}
-    print(f"\nBridges applied (vendor_graph.bridges): {len(applied) or 'none'}")
+    print(f"\nBridges applied (vendor_graph.install.bridges): {len(applied) or 'none'}")
     for bridge in applied.values():
         print(f"  {bridge.name}: {bridge.description}")
     activation = patching.active()
@@ -559,7 +554,7 @@ def _stats_table(document: dict[str, Any]) -> str:
     """The stats file's buckets and eager steps as vendor_graph's summary prints them."""
     from collections import Counter
 
-    from vendor_graph import stats
+    from vendor_graph.runtime import stats
 
     names = [f.name for f in dataclasses.fields(stats.BucketStats)]
     buckets = {int(size): stats.BucketStats(**{k: v for k, v in b.items() if k in names})
@@ -580,7 +575,7 @@ def _serve_demo(args: argparse.Namespace, model: str) -> int:
                          f"vendor-graph run --vendor ascend -- lmdeploy serve api_server <model> --device ascend")
     release, generation = _simulated_torch_npu(args.generation)
     source = _dlinfer_source()
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     version = compat.installed_lmdeploy_version()
     _check_lmdeploy(ENGINE_VENDOR, version)

@@ -205,7 +205,7 @@ def _environment(**values: str) -> Iterator[None]:
 
 def _worker_stats(base: Path) -> list[dict[str, Any]]:
     """The stats files lmdeploy's workers wrote at exit for ``base`` (one per rank), by rank."""
-    from vendor_graph import stats
+    from vendor_graph.runtime import stats
 
     documents = [json.loads(path.read_text()) for path in stats.stats_files(base)]
     return sorted(documents, key=lambda d: d.get("rank", 0))
@@ -233,7 +233,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
     from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
 
     import vendor_graph
-    from vendor_graph import stats
+    from vendor_graph.runtime import stats
 
     from . import device as sim
 
@@ -342,7 +342,7 @@ RUNNERS = {
 def install_bridges_alone() -> Any:
     """vendor_graph's bridges without vendor_graph (:data:`RUNNERS` ``dlinfer``); returns what lists the names of
     those installed so far (a bridge installs when the module it fixes is imported)."""
-    from vendor_graph import bridges, patching
+    from vendor_graph.install import bridges, patching
 
     alone = patching.Activation(vendor="ascend")
     bridges.install(alone)
@@ -414,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     switch_on(os.environ.get("VENDOR_GRAPH_SIM", "").strip() or "G5")
     if args.runner == "vendor_graph":
         importlib.import_module("vendor_graph.ascend")  # the user's `import vendor_graph.ascend`, before lmdeploy
-        from vendor_graph import bridges
+        from vendor_graph.install import bridges
 
         applied = lambda: sorted({b.name for b in bridges.applied()})  # noqa: E731
     elif args.runner == "dlinfer":

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
-from vendor_graph import compat, vendors
+from vendor_graph import vendors
+from vendor_graph.upstream import compat
 
 from . import kernels
 from . import tiny_model as tm
@@ -213,7 +214,7 @@ class SideBySide:
 
     def graph_meta(self, batch: int):
         """The CudaGraphMeta of the graph that served a batch of ``batch`` (None if it ran eager)."""
-        from vendor_graph.buckets import pad_to_bucket
+        from vendor_graph.sizing.buckets import pad_to_bucket
 
         sizes = self.runner.get_capture_batch_sizes()
         if batch > sizes[-1]:  # ran eager

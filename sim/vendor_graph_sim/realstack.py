@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 
 from . import boot, standins
 from .boot import pinned_release  # noqa: F401  (re-exported: the tests, the demo and the benchmarks name it)
@@ -65,7 +65,7 @@ HOW_TO_PROVIDE = (f"set {settings.variable('dlinfer_src')} to a dlinfer source c
 def dlinfer_origin() -> tuple[str, Path | None]:
     """(how dlinfer is provided, the source root to stage) -- ``("source", root)`` from the setting,
     ``("installed", None)``, or :class:`DlinferUnavailable`. A setting given but unusable raises
-    :class:`~vendor_graph.settings.SettingsError` (never a skip)."""
+    :class:`~vendor_graph.config.settings.SettingsError` (never a skip)."""
     root = settings.load().dlinfer_src
     if root is not None:
         return "source", Path(root)
@@ -315,8 +315,8 @@ def prefill_mismatch() -> str | None:
 
     lmdeploy 0.18 passes ``actual_seq_lengths_cpu=`` to ``prefill_attention`` and two length arguments fewer to
     ``paged_prefill_attention`` than dlinfer main (a50184e) takes: every prefill raises TypeError, unless
-    vendor_graph's ``prefill-attention`` bridge (:mod:`vendor_graph.bridges`) stands between them. Where they do not
-    fit, prompts are fed by decode steps instead.
+    vendor_graph's ``prefill-attention`` bridge (:mod:`vendor_graph.install.bridges`) stands between them.
+    Where they do not fit, prompts are fed by decode steps instead.
     """
     import inspect
 

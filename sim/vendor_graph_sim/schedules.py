@@ -17,7 +17,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from vendor_graph import buckets, compat
+from vendor_graph.sizing import buckets
+from vendor_graph.upstream import compat
 from vendor_graph.vendors.ascend.buckets import ascend_capture_sizes
 from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 

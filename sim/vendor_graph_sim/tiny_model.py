@@ -540,7 +540,8 @@ def lmdeploy_step_env(vendor: str) -> Iterator[None]:
     ``update_step_context`` raises ``TypeError`` there)."""
     from lmdeploy.pytorch.model_inputs import StepContextManager, get_step_ctx_manager, set_step_ctx_manager
 
-    from vendor_graph import compat, cuda_style
+    from vendor_graph.upstream import compat
+    from vendor_graph.vendors import cuda_style
 
     backend = backend_class(vendor)
     saved_mgr = get_step_ctx_manager()

@@ -69,7 +69,7 @@ def _no_device_work_carried_over():
 def _own_stats_registry(monkeypatch):
     """The stats registry keeps every runner of the process, gone ones too (a closed pipeline's): each test's
     summaries and stats file report the runners it built, not those of earlier tests."""
-    from vendor_graph import stats
+    from vendor_graph.runtime import stats
 
     monkeypatch.setattr(stats, "_REGISTRY", stats._Registry())
 

@@ -22,7 +22,7 @@ import logging
 import pytest
 from vendor_graph_sim.harness import run, schedule
 
-from vendor_graph import buckets
+from vendor_graph.sizing import buckets
 from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 from vendor_graph.vendors.ascend.seqlen import ATTENTION_OPS, GRAPH_UPDATE, TASK_UPDATE, path_for
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 from vendor_graph.vendors.ascend import limits
 from vendor_graph.vendors.ascend.seqlen import GRAPH_UPDATE, NO_UPDATE, TASK_UPDATE
 
@@ -199,7 +199,7 @@ def test_a_budget_no_graph_fits_is_the_reason_every_step_runs_eager(monkeypatch)
 
     import torch
 
-    from vendor_graph import settings
+    from vendor_graph.config import settings
     from vendor_graph.vendors.ascend.runner import AscendGraphRunner
 
     monkeypatch.setenv("VENDOR_GRAPH_NPU_EVENT_BUDGET", "1")

@@ -12,7 +12,9 @@ import dlinfer.ops
 import pytest
 from vendor_graph_sim import harness
 
-from vendor_graph import compat, cuda_style, vendors
+from vendor_graph import vendors
+from vendor_graph.upstream import compat
+from vendor_graph.vendors import cuda_style
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 RELEASE_018 = compat.lmdeploy_api().separate_host_seqlens

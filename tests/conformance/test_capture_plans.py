@@ -13,8 +13,10 @@ import pytest
 from packaging.version import Version
 from vendor_graph_sim import harness
 
-from vendor_graph import capacity, compat, stats
-from vendor_graph.capacity import CapturePlanError
+from vendor_graph.runtime import stats
+from vendor_graph.sizing import capacity
+from vendor_graph.sizing.capacity import CapturePlanError
+from vendor_graph.upstream import compat
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 VENDORS = [v for v in ("ascend", "camb", "maca") if RELEASE in compat.SUPPORTED_SERIES[v]]

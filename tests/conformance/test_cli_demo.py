@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 
 def test_demo_reports_parity_and_stats():

@@ -1,4 +1,4 @@
-"""lmdeploy's CUDA graph runner, adopted by vendor_graph for Camb and MACA (``vendor_graph.adopted``):
+"""lmdeploy's CUDA graph runner, adopted by vendor_graph for Camb and MACA (``vendor_graph.runtime.adopted``):
 faults cost speed, never answers. Runs on the simulator and, with ``--graph-backend cuda``, on real
 CUDA graphs."""
 
@@ -9,8 +9,8 @@ import logging
 import pytest
 from vendor_graph_sim import harness
 
-from vendor_graph import compat
 from vendor_graph.buffers import GraphInputsChanged
+from vendor_graph.upstream import compat
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 pytestmark = pytest.mark.skipif(RELEASE not in compat.SUPPORTED_SERIES["camb"],

@@ -17,7 +17,8 @@ import random
 import pytest
 from vendor_graph_sim.harness import graphs_by_batch, run, schedule
 
-from vendor_graph import buckets, compat
+from vendor_graph.sizing import buckets
+from vendor_graph.upstream import compat
 from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())

@@ -12,7 +12,7 @@ import torch
 from vendor_graph_sim import harness
 
 import vendor_graph.vendors.ascend.hook as hook
-from vendor_graph import faults
+from vendor_graph.runtime import faults
 
 
 def _fail_once(pair, monkeypatch, *, when, exc):

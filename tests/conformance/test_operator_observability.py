@@ -10,7 +10,9 @@ import logging
 import torch
 from vendor_graph_sim import harness
 
-from vendor_graph import patching, settings, stats, switches
+from vendor_graph.config import settings
+from vendor_graph.install import patching
+from vendor_graph.runtime import stats, switches
 
 
 class _Terminal(io.StringIO):
@@ -112,7 +114,7 @@ def test_disable_forces_eager_says_so_once_and_keeps_the_buffer_patches(sim_back
 
 def test_disable_also_turns_off_lmdeploys_own_runner(sim_backend, monkeypatch):
     """Camb/MACA run lmdeploy's CUDAGraphRunner, built through the same builder wrapper."""
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     vendor = next((v for v in ("camb", "maca") if v in compat.vendors_supporting(
         compat.installed_lmdeploy_version())), None)

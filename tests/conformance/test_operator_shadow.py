@@ -82,7 +82,7 @@ def test_every_nth_step_only(sim_backend, monkeypatch):
 
 
 def test_bad_settings_name_the_fix(monkeypatch):
-    from vendor_graph.shadow import ShadowCheck
+    from vendor_graph.runtime.shadow import ShadowCheck
 
     monkeypatch.setenv("VENDOR_GRAPH_SHADOW", "often")
     with pytest.raises(ValueError, match="expected a whole number N"):

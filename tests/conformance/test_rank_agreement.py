@@ -31,7 +31,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
     standins.use_standin_dlinfer_if_missing()
     sim.install()
-    from vendor_graph import ranks
+    from vendor_graph.runtime import ranks
     from vendor_graph.vendors.ascend import hook
 
     import logging

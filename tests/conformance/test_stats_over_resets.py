@@ -13,7 +13,9 @@ import pytest
 import torch
 from vendor_graph_sim import harness
 
-from vendor_graph import capacity, settings, stats
+from vendor_graph.config import settings
+from vendor_graph.runtime import stats
+from vendor_graph.sizing import capacity
 
 MiB = 2**20
 

@@ -32,7 +32,7 @@ from once_per_run import newest_release_only
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 
 pytestmark = newest_release_only
 

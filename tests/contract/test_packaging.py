@@ -30,7 +30,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
 def test_the_runtime_wheel_holds_the_runtime_and_the_worker_hook(wheels):
     names = zipfile.ZipFile(wheels["vendor_graph"]).namelist()
     assert "vendor_graph_autoload.pth" in names and "vendor_graph/autoload.pth" not in names
-    assert "vendor_graph/vendors/ascend/runner.py" in names and "vendor_graph/step.py" in names
+    assert "vendor_graph/vendors/ascend/runner.py" in names and "vendor_graph/runtime/step.py" in names
     assert not [n for n in names if n.startswith(("vendor_graph_sim", "tests/", "tools/"))]
 
 
@@ -53,7 +53,7 @@ def _from_the_wheels(wheels, tmp_path, argv: list[str], **env_changes: str) -> s
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("VENDOR_GRAPH_")}
     env["PYTHONPATH"] = str(site)  # ahead of this environment's editable installs
     env.update(env_changes)
-    code = ("import sys, vendor_graph, vendor_graph_sim; from vendor_graph.cli import main; "
+    code = ("import sys, vendor_graph, vendor_graph_sim; from vendor_graph.ops.cli import main; "
             f"assert vendor_graph.__file__.startswith({str(site)!r}), vendor_graph.__file__; "
             f"assert vendor_graph_sim.__file__.startswith({str(site)!r}), vendor_graph_sim.__file__; "
             f"sys.exit(main({argv!r}))")

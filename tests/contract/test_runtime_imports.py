@@ -64,7 +64,7 @@ def test_vendor_module_imports_in_a_fresh_process(module: str) -> None:
         importlib.import_module("lmdeploy")
     except ImportError:
         pytest.skip("lmdeploy is not installed")
-    code = (f"from vendor_graph import compat\ntry:\n    import {module}\n"
+    code = (f"from vendor_graph.upstream import compat\ntry:\n    import {module}\n"
             f"except compat.UnsupportedLmdeploy as exc:\n    print('refused:', exc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "VENDOR_GRAPH_DISABLE_AUTOLOAD": "1"}, check=False)

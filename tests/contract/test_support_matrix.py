@@ -33,7 +33,8 @@ def test_readme_status_table_is_generated_from_the_code() -> None:
 
 
 def test_the_status_table_flips_with_the_supported_series_and_a_refusing_breakage(monkeypatch) -> None:
-    from vendor_graph import compat, upstream
+    from vendor_graph.upstream import breakages as upstream
+    from vendor_graph.upstream import compat
 
     refusing = upstream.Breakage("maca-backend", ("maca",), "0.18", "0.18", (upstream.POST_350,),
                                  "lmdeploy 0.18.0's MacaOpsBackend breaks", refuses=True)
@@ -49,7 +50,7 @@ def test_the_status_table_flips_with_the_supported_series_and_a_refusing_breakag
 
 
 def test_the_matrix_lists_every_supported_series_and_what_runs_it() -> None:
-    from vendor_graph.compat import SUPPORTED_SERIES
+    from vendor_graph.upstream.compat import SUPPORTED_SERIES
 
     rows = "\n".join(matrix.lmdeploy_rows())
     for vendor in ("ascend", "camb", "maca"):

@@ -1,6 +1,6 @@
 """The fuzz suite's runner: ``vendor-graph`` in this process, with its own argv, environment and working folder.
 
-:func:`invoke` calls :func:`vendor_graph.cli.main` as the console script does and gives back the exit status,
+:func:`invoke` calls :func:`vendor_graph.ops.cli.main` as the console script does and gives back the exit status,
 stdout, stderr (warnings and log records included) and the seconds it took, or the traceback of an exception
 that escaped it (a bug: the CLI prints user errors as one line). Two things a test process cannot let happen
 are stood in for: ``os.execvpe`` (``run`` would replace pytest with the command; the stand-in records the
@@ -96,7 +96,7 @@ def snapshot(folder: Path | None) -> dict[str, str]:
 def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
     """``os.environ`` without the runtime's ``VENDOR_GRAPH_*`` settings (but the dlinfer the test command names),
     then ``env`` on top."""
-    from vendor_graph import settings as vg_settings
+    from vendor_graph.config import settings as vg_settings
 
     saved = dict(os.environ)
     for name in list(os.environ):
@@ -125,7 +125,7 @@ def _demo_stand_ins() -> list[tuple[object, str, object]]:
         return _finish(args)
 
     def tiny(args):
-        from vendor_graph import compat
+        from vendor_graph.upstream import compat
 
         demo._check_lmdeploy(args.vendor, compat.installed_lmdeploy_version())
         return _finish(args)
@@ -150,7 +150,7 @@ def _on_alarm(signum, frame):
 def invoke(argv: list[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Result:
     """``vendor-graph argv`` in this process, with the runtime settings of ``env`` and in folder ``cwd``."""
     import vendor_graph
-    from vendor_graph import cli
+    from vendor_graph.ops import cli
 
     out, err = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(err)

@@ -8,7 +8,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from vendor_graph import VENDORS
-from vendor_graph.planning import STATS_FORMAT, STATS_VENDORS
+from vendor_graph.sizing.planning import STATS_FORMAT, STATS_VENDORS
 
 # -- words -------------------------------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ WORD_TEXT = st.one_of(st.sampled_from(["auto", "off", "eager", "log", "graph-upd
 
 def setting_values(name: str) -> st.SearchStrategy:
     """Values for the variable ``name``: ones of its kind, near misses and junk."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     kind = settings.KNOWN[name].kind if name in settings.KNOWN else None
     own = {
@@ -82,7 +82,7 @@ def setting_values(name: str) -> st.SearchStrategy:
 def environments(paths: list[str] | None = None) -> st.SearchStrategy:
     """A few ``VENDOR_GRAPH_*`` variables (declared ones, misspelt ones) with generated values; ``paths``: file
     names a path-valued setting may take."""
-    from vendor_graph import settings
+    from vendor_graph.config import settings
 
     names = sorted(settings.SETTINGS)
     # built from the prefix: the registry test reads every VENDOR_GRAPH_ name written out in the repository

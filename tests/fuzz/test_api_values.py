@@ -12,7 +12,9 @@ from fuzz_harness import BOUND, FUZZ, bounded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vendor_graph import _values, buckets, capacity, planning, settings
+from vendor_graph.config import settings
+from vendor_graph.config import values as _values
+from vendor_graph.sizing import buckets, capacity, planning
 from vendor_graph.vendors.ascend import buckets as ascend_buckets
 
 np = pytest.importorskip("numpy")

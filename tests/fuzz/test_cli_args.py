@@ -9,7 +9,7 @@ from fuzz_strategies import INTS, JUNK, LOG_LEVELS, NUMBER_TEXT, VENDOR_WORDS, W
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vendor_graph import cli
+from vendor_graph.ops import cli
 
 FILES = st.sampled_from(["good.json", "junk.json", "sizes.txt", "missing.json", "dir", "", ".", "/proc/self/status",
                          "/dev/null", "dir/../good.json", "good.json/x", "-", "☃.json"])

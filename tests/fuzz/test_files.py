@@ -11,7 +11,8 @@ from fuzz_strategies import capture_size_files, stats_files
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vendor_graph import capacity, planning, settings
+from vendor_graph.config import settings
+from vendor_graph.sizing import capacity, planning
 
 PLAN_OPTIONS = st.lists(st.sampled_from([["--json"], ["--max-graphs", "3"], ["--max-graphs", "65536"],
                                          ["--capture-sizes", "4"], ["--capture-sizes", "1", "100000"]]),

@@ -11,7 +11,7 @@ from fuzz_strategies import environments
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 
 PATHS = ["good.json", "sizes.txt", "junk.json", "dir", "missing.json", "dir/new.json", "missing/new.json",
          "/proc/self/status", "/dev/null", "plain.txt"]

@@ -13,7 +13,7 @@ from fuzz_strategies import JUNK, NUMBER_TEXT, VENDOR_WORDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 
 DEMO_BOUND = 120.0  # seconds: the tiny decoder's demo at two steps takes a few
 TRACEBACK = "Traceback (most recent call last)"

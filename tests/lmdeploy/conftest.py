@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("lmdeploy", reason="tests/lmdeploy need lmdeploy (see the README's test command)")
 
-from vendor_graph import compat  # noqa: E402
+from vendor_graph.upstream import compat  # noqa: E402
 
 SUPPORTED_HERE = compat.vendors_supporting(compat.installed_lmdeploy_version())
 

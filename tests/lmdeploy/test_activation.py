@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import vendor_graph
-from vendor_graph import compat, patching
+from vendor_graph.install import patching
+from vendor_graph.upstream import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {f"vendor_graph.{v}" for v in vendor_graph.VENDORS + vendor_graph.REFERENCE_VENDORS}
@@ -61,7 +62,7 @@ def test_reading_every_vendors_facts_first_leaves_the_users_import_activating():
     proc = _child("""
         import importlib, pkgutil
         import vendor_graph, vendor_graph.vendors
-        from vendor_graph import doctor, planning
+        from vendor_graph.ops import doctor; from vendor_graph.sizing import planning
         for info in pkgutil.walk_packages(vendor_graph.vendors.__path__, "vendor_graph.vendors."):
             importlib.import_module(info.name)
         for vendor in ("ascend", "camb", "maca", "cuda"):

@@ -1,4 +1,4 @@
-"""vendor_graph.bridges: lmdeploy's real callers against dlinfer's real signatures.
+"""vendor_graph.install.bridges: lmdeploy's real callers against dlinfer's real signatures.
 
 Two layers. In this process: lmdeploy's own ``StateCacheEngine`` and dlinfer kernels (``paged_attention_fwd``,
 ``flash_attention_fwd``), calling recorders that have the parameter lists of dlinfer main (a50184e): what the bridge
@@ -25,7 +25,9 @@ import pytest
 import torch
 
 import vendor_graph
-from vendor_graph import bridges, compat, patching, settings
+from vendor_graph.config import settings
+from vendor_graph.install import bridges, patching
+from vendor_graph.upstream import compat
 
 RELEASE = compat.installed_lmdeploy_version()
 ENV = bridges.BRIDGES_ENV
@@ -513,7 +515,7 @@ PROBE = r"""
 import json, os, sys, types
 import torch
 import vendor_graph
-from vendor_graph import bridges, patching
+from vendor_graph.install import bridges, patching
 from vendor_graph_sim import device as sim, realstack
 
 def lengths(t):

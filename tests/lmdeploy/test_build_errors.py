@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vendor_graph import compat, settings
-from vendor_graph.capacity import CapturePlanError
+from vendor_graph.config import settings
+from vendor_graph.sizing.capacity import CapturePlanError
+from vendor_graph.upstream import compat
 
 SUPPORTED = compat.vendors_supporting(compat.installed_lmdeploy_version())
 ASCEND_BACKEND = ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend")

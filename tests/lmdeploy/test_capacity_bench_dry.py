@@ -2,7 +2,7 @@
 part4 run, the real ``vendor-graph plan --from-stats`` on the made-up stats file, the report),
 the report's verdicts computed from the numbers, and ``capacity_engine.py run`` itself against a stand-in for
 lmdeploy's ``Engine`` (a child interpreter: streamed tokens, a registered runner with real ``GraphStats``, the real
-``vendor_graph.stats.write_stats_file``). Nothing is written into the repository's benchmarks/results/.
+``vendor_graph.runtime.stats.write_stats_file``). Nothing is written into the repository's benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
 # The benchmark and its report do not depend on lmdeploy's release: once per test run, on the newest.
@@ -122,7 +122,7 @@ import asyncio, os, sys, types
 from types import SimpleNamespace
 sys.path.insert(0, BENCH)
 sys.modules["vendor_graph.cuda"] = types.ModuleType("vendor_graph.cuda")  # `import vendor_graph.cuda`: a no-op here
-from vendor_graph import stats as vg_stats
+from vendor_graph.runtime import stats as vg_stats
 
 class GenerationConfig:
     def __init__(self, **kw):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vendor_graph import compat, doctor
+from vendor_graph.ops import doctor
+from vendor_graph.upstream import compat
 
 SUPPORTED = compat.vendors_supporting(compat.installed_lmdeploy_version())
 CHECK = ("import os, vendor_graph, lmdeploy.pytorch.models.utils.cudagraph as m; "

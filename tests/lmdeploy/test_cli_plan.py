@@ -2,7 +2,7 @@ import os
 import subprocess
 import sys
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 SUPPORTED = compat.vendors_supporting(compat.installed_lmdeploy_version())
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 SUPPORTED = RELEASE in compat.SUPPORTED_SERIES["cuda"]

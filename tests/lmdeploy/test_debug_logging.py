@@ -15,7 +15,7 @@ pytest.importorskip("lmdeploy.utils")
 
 from packaging.version import Version  # noqa: E402
 
-from vendor_graph import compat  # noqa: E402
+from vendor_graph.upstream import compat  # noqa: E402
 
 NEWEST = max((s for series in compat.SUPPORTED_SERIES.values() for s in series), key=Version)
 
@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent("""
     logging.basicConfig(level=logging.{root_level})
     from lmdeploy.utils import get_logger
     get_logger("lmdeploy")  # raises the root logger's console handlers to ERROR
-    from vendor_graph import switches
+    from vendor_graph.runtime import switches
     switches.ensure_log_handler()
     log = logging.getLogger("vendor_graph")
     log.warning("a warning of vendor_graph")

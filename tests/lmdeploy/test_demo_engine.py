@@ -17,7 +17,8 @@ import default_demo
 import pytest
 from once_per_run import newest_release_only
 
-from vendor_graph import bridges, compat
+from vendor_graph.install import bridges
+from vendor_graph.upstream import compat
 
 pytestmark = newest_release_only
 
@@ -83,7 +84,7 @@ def test_the_output_says_what_happened_and_nothing_of_lmdeploys_chatter(demo):
                  "148 graph)",
                  "Runner lmdeploy built: vendor_graph.vendors.ascend.runner.AscendGraphRunner (vendor_graph's)",
                  "bucket  captures  replays", "eager steps: ", "decode steps per batch size: 1: ",
-                 "seq-len update path: graph-update: ", "Bridges applied (vendor_graph.bridges): ",
+                 "seq-len update path: graph-update: ", "Bridges applied (vendor_graph.install.bridges): ",
                  "vendor_graph put its own back", "Request 0: ", "  -> ",
                  "the simulator is CPU emulation, not a device speed"):
         assert text in demo.output, text

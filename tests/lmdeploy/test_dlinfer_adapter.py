@@ -17,7 +17,7 @@ import torch
 from vendor_graph_sim import kernels  # noqa: F401  (registers the emulated Ascend operators)
 
 import vendor_graph
-from vendor_graph import patching
+from vendor_graph.install import patching
 from vendor_graph.vendors.ascend import dlinfer_adapter, hook, releases
 from vendor_graph.vendors.ascend.seqlen import GRAPH_UPDATE, TASK_UPDATE, Capabilities
 
@@ -462,7 +462,7 @@ def test_post_350_refuses_what_its_runtime_check_refuses(torch_version, torch_np
 def test_doctor_names_the_dlinfer_generation_and_what_it_refuses(monkeypatch, tmp_path, files, name):
     """``vendor-graph doctor`` says which dlinfer generation it found (with the evidence) and, for a post-#350
     dlinfer, that its import refuses the simulated G5 (2.9.0.post9 beside torch 2.13) but not 2.13.0."""
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     monkeypatch.setattr(dlinfer_adapter, "_package_root", lambda: _write_tree(tmp_path, files))
     for variable in [v for v in os.environ if v.startswith("VENDOR_GRAPH_")]:

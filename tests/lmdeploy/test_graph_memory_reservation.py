@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vendor_graph import capacity, settings
-from vendor_graph.capacity import CapturePlanError
+from vendor_graph.config import settings
+from vendor_graph.sizing import capacity
+from vendor_graph.sizing.capacity import CapturePlanError
 
 base = pytest.importorskip("lmdeploy.pytorch.engine.executor.base")
 from lmdeploy.pytorch.config import CacheConfig  # noqa: E402
@@ -83,7 +84,7 @@ def _vendor() -> str:
 
 
 def _supported():
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     return compat.vendors_supporting(compat.installed_lmdeploy_version())
 
@@ -177,7 +178,7 @@ def test_a_reservation_larger_than_the_memory_left_is_refused_with_the_fix(monke
 
 
 def test_the_runner_reports_what_the_executor_reserved(monkeypatch, activate):
-    from vendor_graph import adopted
+    from vendor_graph.runtime import adopted
 
     executor = _sized(monkeypatch, activate, {"VENDOR_GRAPH_GRAPH_MEMORY": "64MiB"})
     plan = capacity.resolve_capture_plan(_vendor(), 64, [1, 64], None,

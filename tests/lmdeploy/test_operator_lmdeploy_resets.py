@@ -48,7 +48,7 @@ def test_sleep_and_distributed_weight_updates_reset_the_graph_runner():
 
 
 def test_update_params_does_not_reset_upstream_so_vendor_graph_wraps_it():
-    """The IPC weight update never resets the graph runner in 0.16-0.18 (vendor_graph.lifecycle's
+    """The IPC weight update never resets the graph runner in 0.16-0.18 (vendor_graph.install.lifecycle's
     reason to exist); when a release starts doing so, this says the wrapper is redundant there."""
     calls = _calls(_agent_methods()["update_params"])
     assert "self.reset_graph_runner" not in calls and "self._finalize_updated_weights" not in calls
@@ -57,7 +57,7 @@ def test_update_params_does_not_reset_upstream_so_vendor_graph_wraps_it():
 def test_the_wrapper_resets_once_a_weight_update_is_finished():
     from types import SimpleNamespace
 
-    from vendor_graph.lifecycle import wrap_update_params
+    from vendor_graph.install.lifecycle import wrap_update_params
 
     class Agent:
         resets = 0

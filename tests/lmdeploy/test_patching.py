@@ -10,7 +10,9 @@ import textwrap
 import pytest
 
 import vendor_graph
-from vendor_graph import compat, patching, settings
+from vendor_graph.config import settings
+from vendor_graph.install import patching
+from vendor_graph.upstream import compat
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 SUPPORTED_HERE = compat.vendors_supporting(compat.installed_lmdeploy_version())
@@ -228,7 +230,7 @@ def test_autoload_costs_nothing_in_unrelated_processes():
     proc = _run_child("""
         import sys
         heavy = [m for m in ("torch", "lmdeploy", "numpy", "vendor_graph.buffers") if m in sys.modules]
-        print(heavy, "vendor_graph._autoload" in sys.modules)
+        print(heavy, "vendor_graph.install.autoload" in sys.modules)
     """, {"VENDOR_GRAPH_VENDOR": SUPPORTED_HERE[0]})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[] True"

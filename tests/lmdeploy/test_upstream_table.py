@@ -1,4 +1,4 @@
-"""One table of upstream breakages (``vendor_graph.upstream.BREAKAGES``): ``vendor-graph doctor``,
+"""One table of upstream breakages (``vendor_graph.upstream.breakages.BREAKAGES``): ``vendor-graph doctor``,
 ``tools/support_matrix.py`` (docs/support.md) and the README's status grid read it, and they agree for every
 lmdeploy series and vendor; none of them keeps a breakage of its own."""
 
@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from load_by_path import load_by_path
 
-from vendor_graph import bridges, compat, doctor, upstream
+from vendor_graph.install import bridges
+from vendor_graph.ops import doctor
+from vendor_graph.upstream import breakages as upstream
+from vendor_graph.upstream import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 matrix = load_by_path("_vg_support_matrix", ROOT / "tools" / "support_matrix.py")
@@ -71,7 +74,8 @@ BREAKAGE_FACTS = ("actual_seq_lengths_cpu", "is_mla", "allocate_caches", "state_
                   "head_size_v", "MacaOpsBackend")
 
 
-@pytest.mark.parametrize("path", ["vendor_graph/doctor.py", "tools/support_matrix.py", "vendor_graph/compat.py"])
+@pytest.mark.parametrize("path", [
+    "vendor_graph/ops/doctor.py", "tools/support_matrix.py", "vendor_graph/upstream/compat.py"])
 def test_no_reader_keeps_a_breakage_of_its_own(path):
     """The readers render the table; a breakage written into one of them (as doctor's free text was) fails."""
     strings = [node.value for node in ast.walk(ast.parse((ROOT / path).read_text()))

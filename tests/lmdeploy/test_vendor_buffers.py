@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 VERSION = compat.installed_lmdeploy_version()
 RELEASE = compat.series(VERSION)

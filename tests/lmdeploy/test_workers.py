@@ -11,14 +11,14 @@ import textwrap
 
 import pytest
 
-from vendor_graph import workers
+from vendor_graph.install import workers
 
 PARENT = textwrap.dedent("""
     import multiprocessing as mp, sys, tempfile, time
     from pathlib import Path
     from types import SimpleNamespace
 
-    from vendor_graph import workers
+    from vendor_graph.install import workers
 
     class Entry:  # lmdeploy's ExecutorProc: the worker's entry point is a method, wrapped in every process
         def _main_loop(self):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = compat.series(compat.installed_lmdeploy_version())

@@ -68,7 +68,7 @@ FAULT_HOOK = textwrap.dedent('''
 
 
     try:
-        from vendor_graph import patching
+        from vendor_graph.install import patching
     except ImportError:  # an interpreter without vendor_graph (a helper process)
         patching = None
     if patching is not None:

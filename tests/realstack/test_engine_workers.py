@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from engine_checks import FULL, GENERATIONS, OURS, RELEASE, check_pair
 
-from vendor_graph.workers import FAILURE_STATUS
+from vendor_graph.install.workers import FAILURE_STATUS
 
 # The mp executor's conformance runs on the last release and the oldest one (0.17's executor is 0.18's); the
 # worker-failure checks on the last release only: they exercise vendor_graph's watch, the same on every release.

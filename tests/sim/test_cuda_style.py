@@ -7,7 +7,7 @@ import pytest
 import torch
 from vendor_graph_sim import device as sim
 
-from vendor_graph import compat
+from vendor_graph.upstream import compat
 
 NAMES = ("CUDAGraph", "graph", "graph_pool_handle", "current_stream", "Stream", "stream", "synchronize",
          "is_available")

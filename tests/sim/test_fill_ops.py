@@ -7,8 +7,8 @@ import torch
 from vendor_graph_sim import device as sim
 from vendor_graph_sim.device.opcount import replay_step_ops
 
-from vendor_graph import compat
 from vendor_graph.buffers import BufferSpec
+from vendor_graph.upstream import compat
 
 CASES = [("ascend", "graph-update"), ("ascend", "task-update"), ("camb", None), ("maca", None)]
 RELEASE = compat.series(compat.installed_lmdeploy_version())

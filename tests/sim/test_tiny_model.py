@@ -246,7 +246,7 @@ def test_kernels_are_the_registered_operators():
 
 
 def supported_vendors():
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     version = compat.installed_lmdeploy_version()
     return compat.vendors_supporting(version) if version is not None else []

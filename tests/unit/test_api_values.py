@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from vendor_graph import buckets, capacity, planning, settings
+from vendor_graph.config import settings
+from vendor_graph.sizing import buckets, capacity, planning
 from vendor_graph.vendors.ascend.buckets import ascend_bucket, ascend_capture_sizes
 
 HUGE = 10**5000  # above Python's 4300-digit limit for printing an int
@@ -101,7 +102,7 @@ REFUSED = [  # (call, exception type, words the message must hold)
     (lambda: capacity.resolve_capture_plan(3, 8, [8], None, current=_empty()), TypeError, ["vendor must be a vendor "
                                                                                            "name"]),
     (lambda: capacity.resolve_capture_plan("cuda", 8, [8], None, current={}), TypeError, ["current must be a "
-                                                                                         "vendor_graph.settings"]),
+                                                                                         "vendor_graph.config.settings"]),
     (lambda: capacity.reservation("8", _empty()), TypeError, ["max_batches must be an int", "'8' (str)"]),
     # found by tests/fuzz/test_api_values.py
     (lambda: planning.fit_sizes({3: 1}, HUGE, 2), ValueError, ["max_batches an int of about 5001 digits is above "

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vendor_graph import vendors
-from vendor_graph.buckets import (
+from vendor_graph.sizing.buckets import (
     MAX_BATCHES_LIMIT,
     BucketTypeError,
     capture_sizes,

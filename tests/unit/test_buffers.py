@@ -9,15 +9,8 @@ from hypothesis import strategies as st
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vendor_graph.buffers import (
-    BATCH,
-    BufferField,
-    BufferSpec,
-    GraphInputsChanged,
-    Placement,
-    Ref,
-)
-from vendor_graph.compat import LmdeployApi
+from vendor_graph.buffers import BATCH, BufferField, BufferSpec, GraphInputsChanged, Placement, Ref
+from vendor_graph.upstream.compat import LmdeployApi
 from vendor_graph.vendors.ascend.spec import ascend_spec
 from vendor_graph.vendors.camb import camb_spec
 from vendor_graph.vendors.maca import maca_spec
@@ -405,7 +398,7 @@ def test_any_fill_history_equals_a_fresh_fill(name, graph_batch, data):
 @pytest.mark.parametrize("name", SPECS)
 def test_multi_token_decode_pads_per_token_fields_over_the_graphs_tokens(name):
     """Speculative decode graphs (query length 2): token-indexed buffers span batch * 2 rows."""
-    from vendor_graph.selfcheck import synthetic_step
+    from vendor_graph.ops.selfcheck import synthetic_step
 
     spec = SPECS[name]
 

@@ -10,7 +10,9 @@ import sys
 import pytest
 from vendor_graph_sim import demo
 
-from vendor_graph import cli, compat, patching
+from vendor_graph.install import patching
+from vendor_graph.ops import cli
+from vendor_graph.upstream import compat
 from vendor_graph.vendors.ascend.releases import GENERATIONS
 
 GENERATION_LIST = ", ".join(GENERATIONS)
@@ -93,7 +95,7 @@ def test_generation_accepts_names_in_any_case_and_release_strings():
 
 
 def _settings_error_class(monkeypatch) -> type[ValueError]:
-    from vendor_graph.settings import SettingsError
+    from vendor_graph.config.settings import SettingsError
 
     class Raised(SettingsError):  # built from a message, whatever SettingsError's own constructor takes
         def __init__(self, message: str):
@@ -165,14 +167,14 @@ def test_paths_output_is_unchanged_by_the_move():
 
 
 def test_doctor_does_not_import_the_cli():
-    code = ("import sys; from vendor_graph import doctor; doctor._torch_npu_lines('2.8.0.post2'); "
-            "assert 'vendor_graph.cli' not in sys.modules, 'doctor imports the CLI'")
+    code = ("import sys; from vendor_graph.ops import doctor; doctor._torch_npu_lines('2.8.0.post2'); "
+            "assert 'vendor_graph.ops.cli' not in sys.modules, 'doctor imports the CLI'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_run_refuses_when_the_autoload_hook_is_missing(capsys, monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     monkeypatch.setattr(doctor, "autoload_hook", lambda: doctor.AutoloadHook(None))
     err = _one_line_error(capsys, ["run", "--vendor", "ascend", "--", "true"])
@@ -181,7 +183,7 @@ def test_run_refuses_when_the_autoload_hook_is_missing(capsys, monkeypatch):
 
 
 def test_autoload_hook_is_a_structured_result(tmp_path):
-    from vendor_graph.doctor import AutoloadHook, autoload_hook
+    from vendor_graph.ops.doctor import AutoloadHook, autoload_hook
 
     hook = autoload_hook()
     assert isinstance(hook, AutoloadHook) and hook.installed == (hook.path is not None)

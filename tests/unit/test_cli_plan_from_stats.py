@@ -9,8 +9,9 @@ import sys
 import pytest
 from once_per_run import newest_release_only
 
-from vendor_graph import cli, patching
-from vendor_graph.settings import SizeList
+from vendor_graph.config.settings import SizeList
+from vendor_graph.install import patching
+from vendor_graph.ops import cli
 
 pytestmark = newest_release_only
 
@@ -91,7 +92,7 @@ def test_from_stats_needs_neither_torch_nor_lmdeploy(tmp_path):
             "        if name.split('.')[0] in ('torch', 'lmdeploy'):\n"
             "            raise ImportError('blocked ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "from vendor_graph import cli\n"
+            "from vendor_graph.ops import cli\n"
             f"sys.exit(cli.main(['plan', '--from-stats', {str(path)!r}, '--json']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from vendor_graph import cli
+from vendor_graph.ops import cli
 
 TIMEOUT = 120  # seconds for one CLI run to finish
 READY_TIMEOUT = 30  # seconds for the command to say it is ready for a signal

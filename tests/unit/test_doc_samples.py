@@ -106,7 +106,7 @@ def test_every_relative_link_resolves() -> None:
 
 
 def test_the_demo_options_listed_are_the_demos() -> None:
-    from vendor_graph.cli import build_parser
+    from vendor_graph.ops.cli import build_parser
     from vendor_graph.vendors.ascend.releases import GENERATIONS
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vendor_graph import cli, settings
+from vendor_graph.config import settings
+from vendor_graph.ops import cli
 
 
 def _one_line_error(capsys, argv: list[str]) -> str:

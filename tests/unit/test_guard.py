@@ -1,4 +1,4 @@
-"""vendor_graph.guard on plain CPU tensors: what counts as stale, what does not, what it costs."""
+"""vendor_graph.runtime.guard on plain CPU tensors: what counts as stale, what does not, what it costs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from vendor_graph.guard import FULL_CHECK_EVERY, StaleGraphGuard
+from vendor_graph.runtime.guard import FULL_CHECK_EVERY, StaleGraphGuard
 
 
 def _caches(n=3):

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from vendor_graph.key import GraphKey
+from vendor_graph.runtime.key import GraphKey
 
 
 def test_graph_key_is_frozen_hashable_and_named():

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vendor_graph.compat import LmdeployApi
-from vendor_graph.vendor import VendorProfile, buffer_methods
+from vendor_graph.install.profile import VendorProfile, buffer_methods
+from vendor_graph.upstream.compat import LmdeployApi
 from vendor_graph.vendors.ascend.spec import ascend_spec
 
 from .test_buffers import decode_step, graph_meta

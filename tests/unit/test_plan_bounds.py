@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from vendor_graph import cli, planning
-from vendor_graph.buckets import MAX_BATCHES_LIMIT
-from vendor_graph.planning import SEARCH_LIMIT, PlanError
+from vendor_graph.ops import cli
+from vendor_graph.sizing import planning
+from vendor_graph.sizing.buckets import MAX_BATCHES_LIMIT
+from vendor_graph.sizing.planning import SEARCH_LIMIT, PlanError
 
 MANY = 40000  # distinct batch sizes: an exact fit into its default graph count searched for minutes
 

@@ -1,4 +1,4 @@
-"""vendor_graph.planning: the exact capture-size optimiser, stats files, and plans against recorded sizes."""
+"""vendor_graph.sizing.planning: the exact capture-size optimiser, stats files, and plans against recorded sizes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import random
 import pytest
 from once_per_run import newest_release_only
 
-from vendor_graph import patching, planning
-from vendor_graph.planning import PlanError, fit_sizes, load_workload, padded_fraction, padded_tokens, plan_for
+from vendor_graph.install import patching
+from vendor_graph.sizing import planning
+from vendor_graph.sizing.planning import PlanError, fit_sizes, load_workload, padded_fraction, padded_tokens, plan_for
 
 pytestmark = newest_release_only
 

@@ -1,7 +1,7 @@
 import re
 from pathlib import Path
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vendor_graph import settings
+from vendor_graph.config import settings
 from vendor_graph.vendors.ascend import releases, seqlen
 from vendor_graph.vendors.ascend.seqlen import FIA, FIA_V2, MLA, PAGED_ATTENTION, PAGED_ATTENTION_MLA, path_for
 

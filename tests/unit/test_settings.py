@@ -1,4 +1,4 @@
-"""vendor_graph.settings: every VENDOR_GRAPH_* variable parsed once, strictly and uniformly, and the
+"""vendor_graph.config.settings: every VENDOR_GRAPH_* variable parsed once, strictly and uniformly, and the
 places that read it (activation, autoload, runner build, the doctor)."""
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from vendor_graph import doctor, patching, settings, switches
-from vendor_graph.settings import SettingsError
+from vendor_graph.config import settings
+from vendor_graph.config.settings import SettingsError
+from vendor_graph.install import patching
+from vendor_graph.ops import doctor
+from vendor_graph.runtime import switches
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "vendor_graph"
@@ -69,7 +72,7 @@ def test_disable_2_is_an_error_not_ignored():
 def test_allow_unsupported_lmdeploy_accepts_true_like_every_boolean(monkeypatch):
     from packaging.version import Version
 
-    from vendor_graph import compat
+    from vendor_graph.upstream import compat
 
     assert _parse(ALLOW_UNSUPPORTED_LMDEPLOY="true").allow_unsupported_lmdeploy is True
     monkeypatch.setenv(compat.ALLOW_UNSUPPORTED_ENV, "true")
@@ -100,7 +103,7 @@ def test_shadow_tolerance_must_be_a_finite_number_at_least_zero(text):
 
 
 def test_a_valid_shadow_tolerance_reaches_the_check(monkeypatch):
-    from vendor_graph.shadow import ShadowCheck
+    from vendor_graph.runtime.shadow import ShadowCheck
 
     assert _parse(SHADOW_TOL="0").shadow_tol == 0.0
     monkeypatch.setenv("VENDOR_GRAPH_SHADOW_TOL", " 1e-3 ")
@@ -118,8 +121,8 @@ def test_counts_are_whole_numbers_at_least_zero(name, text):
 
 
 def test_zero_keeps_its_meaning_off(monkeypatch):
-    from vendor_graph.guard import DEFAULT_WEIGHTS_EVERY, StaleGraphGuard
-    from vendor_graph.shadow import ShadowCheck
+    from vendor_graph.runtime.guard import DEFAULT_WEIGHTS_EVERY, StaleGraphGuard
+    from vendor_graph.runtime.shadow import ShadowCheck
 
     settings.load({})
     assert StaleGraphGuard(None).weights_every == DEFAULT_WEIGHTS_EVERY == 256
@@ -147,7 +150,7 @@ def test_event_budget_words_and_range():
 def test_progress_takes_booleans_and_is_automatic_when_unset(monkeypatch):
     import io
 
-    from vendor_graph.stats import CaptureProgress
+    from vendor_graph.runtime.stats import CaptureProgress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -202,7 +205,8 @@ def test_settings_are_frozen_and_current_is_the_last_good_parse(monkeypatch):
 
 
 def test_each_field_is_its_variable_and_the_modules_use_those_names():
-    from vendor_graph import compat, guard, shadow, stats
+    from vendor_graph.runtime import guard, shadow, stats
+    from vendor_graph.upstream import compat
     from vendor_graph.vendors.ascend import limits, seqlen
 
     assert [s.name for s in settings.SETTINGS.values()] == [
@@ -258,7 +262,7 @@ class _Runner:
 def _builder():
     from types import SimpleNamespace
 
-    from vendor_graph import vendor
+    from vendor_graph.install import profile as vendor
 
     built = []
 
@@ -381,7 +385,7 @@ WORKER = """
 
 
 def test_settings_import_nothing_heavy():
-    proc = _child("import sys, vendor_graph.settings; print(sorted({'torch', 'lmdeploy', 'packaging'} & "
+    proc = _child("import sys, vendor_graph.config.settings; print(sorted({'torch', 'lmdeploy', 'packaging'} & "
                   "set(m.split('.')[0] for m in sys.modules)))")
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
 

@@ -10,8 +10,10 @@ import threading
 
 import pytest
 
-from vendor_graph import patching, settings, stats
-from vendor_graph.settings import SettingsError
+from vendor_graph.config import settings
+from vendor_graph.config.settings import SettingsError
+from vendor_graph.install import patching
+from vendor_graph.runtime import stats
 
 STATS_FILE, STATS_EVERY, MEMORY = "VENDOR_GRAPH_STATS_FILE", "VENDOR_GRAPH_STATS_EVERY", "VENDOR_GRAPH_GRAPH_MEMORY"
 
@@ -98,7 +100,7 @@ def test_memory_sizes_that_mean_one_thing_are_read(raw, value):
 
 
 def test_the_doctor_flags_an_absurd_or_ambiguous_memory_size(monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     for raw in ("512MB", "64TiB"):
         monkeypatch.setenv(MEMORY, raw)
@@ -123,7 +125,7 @@ def test_an_unknown_setting_is_warned_once_at_activation_naming_the_closest(monk
 
 
 def test_the_doctor_and_the_warning_name_the_same_setting(monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FIEL", "x")
     lines = doctor.settings_lines(settings.readings({"VENDOR_GRAPH_STATS_FIEL": "x"}))

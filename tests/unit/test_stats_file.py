@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 from once_per_run import newest_release_only
 
-from vendor_graph import capacity, settings, stats
-from vendor_graph.stats import GraphStats
+from vendor_graph.config import settings
+from vendor_graph.runtime import stats
+from vendor_graph.runtime.stats import GraphStats
+from vendor_graph.sizing import capacity
 
 pytestmark = newest_release_only
 
@@ -96,7 +98,7 @@ def test_several_runners_the_busiest_is_the_top_level(registry, tmp_path):
 
 
 def test_a_reset_releases_the_graphs_and_keeps_the_runs_counts():
-    from vendor_graph.step import StepPolicy
+    from vendor_graph.runtime.step import StepPolicy
 
     released = []
     policy = StepPolicy.__new__(StepPolicy)
@@ -298,7 +300,7 @@ def _recorded(path, **extra):
 
 
 def test_the_doctor_shows_the_plan_and_the_reservation_the_stats_file_gives(tmp_path, monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     path = tmp_path / "s.json"
     _recorded(path)
@@ -313,7 +315,7 @@ def test_the_doctor_shows_the_plan_and_the_reservation_the_stats_file_gives(tmp_
 
 
 def test_the_doctor_flags_a_stats_file_it_cannot_read_and_contradicting_sizes(tmp_path, monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     path = tmp_path / "s.json"
     path.write_text("{half a file")
@@ -326,7 +328,7 @@ def test_the_doctor_flags_a_stats_file_it_cannot_read_and_contradicting_sizes(tm
 
 
 def test_the_doctor_without_a_stats_file_says_histograms_are_not_kept(monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     text = "\n".join(t for t, _ in doctor.capacity_lines())
     assert "batch histograms are not kept" in text and "nothing reserved for the graphs" in text

@@ -176,7 +176,8 @@ def test_a_prerelease_not_on_pypi_is_refused_not_mapped_to_its_release(version: 
 
 
 def test_settings_and_the_cli_take_prerelease_spellings() -> None:
-    from vendor_graph import cli, settings
+    from vendor_graph.config import settings
+    from vendor_graph.ops import cli
 
     kind = settings.TorchNpuRelease()
     assert kind.parse("2.10.0.RC2") == kind.parse("2.10.0rc2") == "2.10.0rc2"
@@ -187,7 +188,7 @@ def test_settings_and_the_cli_take_prerelease_spellings() -> None:
 
 
 def test_paths_and_doctor_name_the_prereleases_own_generation() -> None:
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
     from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
 
     table = seqlen_path_table()

@@ -1,4 +1,4 @@
-"""The one reader of files a user names (vendor_graph.userfiles): bounded size and nesting, UTF-8 checked, the
+"""The one reader of files a user names (vendor_graph.config.userfiles): bounded size and nesting, UTF-8 checked, the
 wrong kind of file named with its path and the fix, and nothing else in the package decoding a user's JSON."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vendor_graph import planning, settings, userfiles
-from vendor_graph.userfiles import MAX_BYTES, MAX_DEPTH, UserFileError
+from vendor_graph.config import settings, userfiles
+from vendor_graph.config.userfiles import MAX_BYTES, MAX_DEPTH, UserFileError
+from vendor_graph.sizing import planning
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vendor_graph"
 FIX = "give a good file"
@@ -39,7 +40,7 @@ def test_nothing_but_the_reader_decodes_json_in_the_package():
             code = line.split("#", 1)[0]
             if re.search(r"\bjson\s*\.\s*loads?\s*\(|\bJSONDecoder\b|\bfrom\s+json\s+import\b", code):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}")
-    assert not offenders, "read user files with vendor_graph.userfiles:\n" + "\n".join(offenders)
+    assert not offenders, "read user files with vendor_graph.config.userfiles:\n" + "\n".join(offenders)
 
 
 @pytest.mark.parametrize("text,depth", [("1", 0), ("[]", 1), ('{"a": [1, {"b": "[[[[{{"}]}', 3), ("[[]]" * 3, 2),
@@ -167,7 +168,7 @@ def test_the_capture_size_setting_uses_it(tmp_path):
 
 
 def test_the_doctor_reads_a_hostile_stats_file_through_it(tmp_path, monkeypatch):
-    from vendor_graph import doctor
+    from vendor_graph.ops import doctor
 
     path = tmp_path / "s.json"
     path.write_text("[" * 100000 + "]" * 100000)

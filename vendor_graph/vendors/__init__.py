@@ -11,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..patching import Activation
-    from ..vendor import VendorProfile
+    from ..install.patching import Activation
+    from ..install.profile import VendorProfile
 
 
 def profile(vendor: str) -> VendorProfile:
-    """The :class:`~vendor_graph.vendor.VendorProfile` of ``vendor`` (``ascend``, ``camb``, ``maca``, ``cuda``)."""
+    """The :class:`~vendor_graph.install.profile.VendorProfile` of ``vendor`` (ascend, camb, maca, cuda)."""
     from .. import REFERENCE_VENDORS, VENDORS
 
     if vendor not in VENDORS + REFERENCE_VENDORS:

@@ -1,6 +1,6 @@
 """The CUDA reference room: what ``import vendor_graph.cuda`` installs on an NVIDIA GPU, importable without
 activating. It proves the package inside lmdeploy's real PyTorch engine on real graphs: lmdeploy's own CUDA
-graph runner, adopted by vendor_graph (:mod:`vendor_graph.adopted`), with the buffer spec below in place of
+graph runner, adopted by vendor_graph (:mod:`vendor_graph.runtime.adopted`), with the buffer spec below in place of
 lmdeploy's. Greedy tokens must equal lmdeploy's own graph mode on the same model.
 
 Buffer spec of the CUDA reference vendor: what lmdeploy 0.18's CUDA decode reads with its Triton
@@ -24,10 +24,8 @@ from typing import Any
 
 import torch
 
-from ..adopted import build_adopted_runner
 from ..buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
-from ..compat import LmdeployApi
-from ..fields import (
+from ..buffers.fields import (
     adapter_ids_field,
     block_table_field,
     context_query_fields,
@@ -36,7 +34,9 @@ from ..fields import (
     query_lens,
     query_starts,
 )
-from ..vendor import VendorProfile
+from ..install.profile import VendorProfile
+from ..runtime.adopted import build_adopted_runner
+from ..upstream.compat import LmdeployApi
 
 TRITON_BUILDER = "TritonAttentionMetaBuilder"
 _INSTEAD = "run it with lmdeploy's own graph mode (do not import vendor_graph.cuda) or with eager_mode=True"

@@ -1,11 +1,11 @@
 """The MetaX MACA room: what ``import vendor_graph.maca`` installs, importable without activating.
 
 MACA runs lmdeploy's own CUDA graph runner (the MACA torch build is CUDA-compatible), adopted by
-vendor_graph (:mod:`vendor_graph.adopted`: stats, fault handling), with vendor_graph's buffers:
+vendor_graph (:mod:`vendor_graph.runtime.adopted`: stats, fault handling), with vendor_graph's buffers:
 ``kv_start_indices`` int64 shaped ``(max_batches, 1)``, padded with -1, and the max-length ints at
 -1 (lmdeploy's MACA backend already passes -1 when decoding; kept explicit).
 On lmdeploy 0.18 its own ``MacaOpsBackend.update_step_context`` builds 0.18's attention metadata
-through :func:`vendor_graph.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
+through :func:`vendor_graph.vendors.cuda_style.install_metadata_fix` (without it, the first step raises TypeError).
 """
 
 
@@ -15,11 +15,11 @@ import functools
 
 import torch
 
-from ..adopted import build_adopted_runner
 from ..buffers import BATCH, BufferSpec
-from ..compat import LmdeployApi
-from ..cuda_style import cuda_style_spec, install_metadata_fix
-from ..vendor import VendorProfile
+from ..install.profile import VendorProfile
+from ..runtime.adopted import build_adopted_runner
+from ..upstream.compat import LmdeployApi
+from .cuda_style import cuda_style_spec, install_metadata_fix
 
 
 def maca_spec(api: LmdeployApi) -> BufferSpec:

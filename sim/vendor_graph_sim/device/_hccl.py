@@ -259,7 +259,8 @@ class _Handle(torch.distributed.Work if torch.distributed.is_available() else ob
 
 def _tear_down_worker(error: RuntimeError) -> None:
     """In a worker lmdeploy spawned under vendor_graph: leave ``error`` for the parent and end the process."""
-    from vendor_graph import settings, workers
+    from vendor_graph.config import settings
+    from vendor_graph.install import workers
 
     folder = os.environ.get(settings.WORKER_REPORTS)
     if not folder:

@@ -56,7 +56,7 @@ def load_manifest(version: str) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no torch_npu manifest {path}: the simulated torch_npu is generated from the "
                                 f"manifests in {MANIFESTS} (or set {_MANIFEST_ENV}); reinstall vendor-graph-sim")
-    from vendor_graph.userfiles import UserFileError, read_json
+    from vendor_graph.config.userfiles import UserFileError, read_json
 
     fix = f"point {_MANIFEST_ENV} at a folder of manifests written by tools/torch_npu_manifest.py, or unset it"
     try:

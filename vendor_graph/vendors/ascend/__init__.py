@@ -38,7 +38,7 @@ def _setup(activation) -> None:
 
 @functools.cache
 def _profile() -> Any:
-    from ...vendor import VendorProfile
+    from ...install.profile import VendorProfile
     from .buckets import ascend_capture_sizes
     from .spec import ascend_spec
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ... import _values
-from ...buckets import MAX_BATCHES_LIMIT, check_batch, check_max_batches
+from ...config import values as _values
+from ...sizing.buckets import MAX_BATCHES_LIMIT, check_batch, check_max_batches
 
 __all__ = ["ascend_bucket", "ascend_capture_sizes"]
 

@@ -52,8 +52,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ... import patching
-from ...upstream import A50184E_ERA, POST_350
+from ...install import patching
+from ...upstream.breakages import A50184E_ERA, POST_350
 from . import hook
 from .seqlen import ATTENTION_OPS
 

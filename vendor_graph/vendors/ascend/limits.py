@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ... import settings
+from ...config import settings
 from .seqlen import GRAPH_UPDATE, PATHS, TASK_UPDATE
 
 EVENT_BUDGET_ENV = settings.variable("npu_event_budget")

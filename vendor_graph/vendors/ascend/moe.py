@@ -11,7 +11,8 @@ import contextvars
 import weakref
 from typing import Any
 
-from ... import buckets, patching
+from ...install import patching
+from ...sizing import buckets
 from .buckets import ascend_bucket
 
 DLINFER_ASCEND_RUNNER_MODULE = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"

@@ -2,7 +2,7 @@
 
 Per replay: fill the graph's buffers (vendor_graph's CudaGraphMixin methods), refresh the host KV
 lengths of every registered attention task (``NPUGraph.update`` or the task-group path, chosen per
-op), replay, and record a fence. What a step does is :class:`~vendor_graph.step.StepPolicy`'s call.
+op), replay, and record a fence. What a step does is :class:`~vendor_graph.runtime.step.StepPolicy`'s call.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ... import buckets, capacity, stats, switches
-from ...key import GraphKey
-from ...step import CaptureFailed, GraphBackend, StepPolicy
+from ...runtime import stats, switches
+from ...runtime.key import GraphKey
+from ...runtime.step import CaptureFailed, GraphBackend, StepPolicy
+from ...sizing import buckets, capacity
 from . import hook, limits
 from .buckets import ascend_capture_sizes
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, UPDATES, Capabilities, detect
@@ -65,7 +66,7 @@ class GraphUnsafe(RuntimeError):
 
 class AscendGraphRunner(GraphRunner, GraphBackend):
     """lmdeploy GraphRunner for Ascend NPUs (built by ``AscendOpsBackend.build_graph_runner``): NPUGraph
-    capture and replay behind :class:`~vendor_graph.step.StepPolicy`, with the seq-len refresh."""
+    capture and replay behind :class:`~vendor_graph.runtime.step.StepPolicy`, with the seq-len refresh."""
 
     label = "vendor_graph.ascend"
 

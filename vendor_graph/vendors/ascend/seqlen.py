@@ -27,7 +27,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ... import settings
+from ...config import settings
 from . import releases
 
 logger = logging.getLogger("vendor_graph")

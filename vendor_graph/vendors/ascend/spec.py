@@ -33,8 +33,7 @@ from __future__ import annotations
 import torch
 
 from ...buffers import BATCH, BATCH_PLUS_ONE, TOKENS, BufferField, BufferSpec, HeldAttr, Placement, Ref
-from ...compat import LmdeployApi
-from ...fields import (
+from ...buffers.fields import (
     adapter_ids_field,
     block_table_field,
     context_query_fields,
@@ -44,6 +43,7 @@ from ...fields import (
     query_lens,
     query_starts,
 )
+from ...upstream.compat import LmdeployApi
 
 HOST = Placement.HOST
 

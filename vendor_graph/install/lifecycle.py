@@ -11,7 +11,7 @@ runner in any of the three releases, although its ``finished`` step runs ``updat
 ``process_weights_after_loading()``, which may register new Parameter objects (lmdeploy's own
 comment in ``update_weights_from_distributed`` says captured graphs then read freed weights).
 :func:`install` wraps ``BaseModelAgent.update_params`` so that a finished update (successful or not)
-also calls ``reset_graph_runner()``; the stale-graph guard's weight check (:mod:`vendor_graph.guard`)
+also calls ``reset_graph_runner()``; the stale-graph guard's weight check (:mod:`vendor_graph.runtime.guard`)
 remains a second line. Runner-agnostic: call ``lifecycle.install()`` where the runner is built (the
 Ascend builder does); it is idempotent, restored by ``vendor_graph.uninstall()``, and costs nothing
 per step.
@@ -49,7 +49,7 @@ def wrap_update_params(original: Any) -> Any:
                 reset()
 
     update_params._vendor_graph_lifecycle = True
-    update_params.__module__ = "vendor_graph.lifecycle"
+    update_params.__module__ = "vendor_graph.install.lifecycle"
     return update_params
 
 

@@ -33,7 +33,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import patching, settings
+from ..config import settings
+from . import patching
 
 logger = logging.getLogger("vendor_graph")
 

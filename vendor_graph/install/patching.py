@@ -10,7 +10,7 @@ One vendor per process. Installing:
   ownership is also checked where the runner is built and before each capture, and what was
   displaced is logged;
 * exports ``VENDOR_GRAPH_VENDOR`` so lmdeploy's spawned workers activate the same vendor
-  (``vendor_graph/_autoload.py``).
+  (``vendor_graph/install/autoload.py``).
 
 ``uninstall()`` puts back exactly what each target held before, and removes the hooks.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import settings
+from ..config import settings
 
 logger = logging.getLogger("vendor_graph")
 
@@ -259,7 +259,7 @@ def active() -> Activation | None:
 def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
     """Install ``vendor`` (idempotent); ``setup`` registers the vendor's patches on the activation.
 
-    Parses the settings (:class:`~vendor_graph.settings.SettingsError` when a value is not accepted) and warns,
+    Parses the settings (:class:`~vendor_graph.config.settings.SettingsError` when a value is not accepted) and warns,
     once per process, of each ``VENDOR_GRAPH_*`` name it does not know, naming the closest known one."""
     global _active
     requested = settings.load().vendor
@@ -294,7 +294,7 @@ def activate(vendor: str, setup: Callable[[Activation], None]) -> Activation:
 
 
 def _dlinfer_prefix() -> str:
-    from .compat import DLINFER_EXT_PREFIX
+    from ..upstream.compat import DLINFER_EXT_PREFIX
 
     return DLINFER_EXT_PREFIX
 
@@ -321,7 +321,7 @@ def uninstall() -> None:
 def _forget_public_modules() -> None:
     """Drop the public vendor modules from ``sys.modules``, so that the next ``import vendor_graph.<vendor>``
     runs it again and activates (a module object already held keeps working)."""
-    from . import REFERENCE_VENDORS, VENDORS
+    from .. import REFERENCE_VENDORS, VENDORS
 
     for vendor in VENDORS + REFERENCE_VENDORS:
         sys.modules.pop(f"vendor_graph.{vendor}", None)

@@ -42,8 +42,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
-from . import VENDORS, __version__, patching, vendors
-from .buckets import MAX_BATCHES_LIMIT
+from .. import VENDORS, __version__, vendors
+from ..install import patching
+from ..sizing.buckets import MAX_BATCHES_LIMIT
 
 OP_BACKEND_HINT = {
     "ascend": "lmdeploy's Ascend op backend imports dlinfer, which is not importable here",
@@ -68,10 +69,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are a user's to fix; anything else is a bug and keeps its traceback."""
-    from . import compat
-    from .capacity import CapturePlanError
-    from .planning import PlanError
-    from .settings import SettingsError
+    from ..config.settings import SettingsError
+    from ..sizing.capacity import CapturePlanError
+    from ..sizing.planning import PlanError
+    from ..upstream import compat
 
     # CapturePlanError: capture-size settings a runner refuses where it is built (the demo builds one)
     return (UsageError, compat.UnsupportedLmdeploy, patching.VendorConflict, SettingsError, PlanError,
@@ -114,8 +115,8 @@ class OnceAction(argparse.Action):
 
 def generation_type(text: str) -> str:
     """A simulated torch_npu: a graph-API generation name (any case) or a torch_npu release on PyPI."""
-    from .settings import TorchNpuRelease
-    from .vendors.ascend.releases import GENERATIONS
+    from ..config.settings import TorchNpuRelease
+    from ..vendors.ascend.releases import GENERATIONS
 
     try:
         return TorchNpuRelease().parse(text.strip())
@@ -197,10 +198,11 @@ def _normalisation(explicit: list[int], max_batches: int) -> list[str]:
 def runtime_sizes(vendor: str, max_batches: int, explicit: list[int] | None,
                   sizes: list[int]) -> tuple[list[int], str, str | None]:
     """The sizes a runner built here would capture (``VENDOR_GRAPH_CAPTURE_SIZES`` and ``VENDOR_GRAPH_PLAN``
-    included, as :func:`vendor_graph.capacity.resolve_capture_plan` reads them where the runner is built), the
+    included, as :func:`vendor_graph.sizing.capacity.resolve_capture_plan` reads them where the runner is built), the
     rule that chose them and a note; ``sizes``: what ``plan_sizes`` gave for the command line alone.
     A setting the runner would refuse is refused here (CapturePlanError: exit status 2)."""
-    from . import capacity, settings
+    from ..config import settings
+    from ..sizing import capacity
 
     current = settings.load()
     runtime = capacity.resolve_capture_plan(vendor, max_batches, vendors.profile(vendor).capture_sizes(max_batches),
@@ -242,7 +244,7 @@ def _fitted_rows(weights: dict[int, int], steps: dict[int, int], sizes: list[int
 def cmd_plan_from_stats(args: argparse.Namespace) -> int:
     import json
 
-    from . import planning
+    from ..sizing import planning
 
     for flag, value in (("--vendor", args.vendor), ("--max-batches", args.max_batches)):
         if value is not None:
@@ -282,7 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if value is not None:
             raise UsageError(f"{flag} plans from recorded stats: give it with --from-stats FILE (written with "
                              f"VENDOR_GRAPH_STATS_FILE=FILE while the workload runs)")
-    from . import compat
+    from ..upstream import compat
 
     vendor = args.vendor or "ascend"
     args.max_batches = args.max_batches or 256
@@ -337,7 +339,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    from .vendors.ascend.paths_table import seqlen_path_table
+    from ..vendors.ascend.paths_table import seqlen_path_table
 
     print(seqlen_path_table())
     return 0
@@ -396,8 +398,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     started (not found, a directory, not executable, an empty name, a NUL byte, or exec refusing it) is a
     :class:`UsageError`: exit status 2 and one line naming the command and the fix.
     """
-    from .patching import VENDOR_ENV
-    from .settings import SIM_SWITCH
+    from ..config.settings import SIM_SWITCH
+    from ..install.patching import VENDOR_ENV
 
     command = list(args.cmd)
     if command[:1] == ["--"]:

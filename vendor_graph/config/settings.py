@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from . import REFERENCE_VENDORS, VENDORS, _values
+from .. import REFERENCE_VENDORS, VENDORS
+from . import values as _values
 from .userfiles import MAX_DEPTH, UserFileError, json_depth, loads, read_text
 
 PREFIX = "VENDOR_GRAPH_"
@@ -352,7 +353,7 @@ class Selection(Kind):
 
 
 def _bridge_names() -> tuple[str, ...]:
-    from .bridges import NAMES
+    from ..install.bridges import NAMES
 
     return NAMES
 
@@ -365,7 +366,7 @@ class TorchNpuRelease(Kind):
 
     @property
     def accepted(self) -> str:
-        from .vendors.ascend.releases import GENERATIONS, KNOWN_VERSIONS, PRERELEASE_VERSIONS
+        from ..vendors.ascend.releases import GENERATIONS, KNOWN_VERSIONS, PRERELEASE_VERSIONS
 
         pre = ""
         if PRERELEASE_VERSIONS:
@@ -376,7 +377,7 @@ class TorchNpuRelease(Kind):
     advice = "name a generation such as G5, or a release that `vendor-graph paths` lists, such as 2.9.0.post9"
 
     def parse(self, text: str) -> str:
-        from .vendors.ascend.releases import GENERATIONS, release_of
+        from ..vendors.ascend.releases import GENERATIONS, release_of
 
         by_name = {g.lower(): g for g in GENERATIONS}
         if text.lower() in by_name:
@@ -507,10 +508,10 @@ def _runtime_settings() -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = _runtime_settings()
 SIM_SWITCH = "VENDOR_GRAPH_SIM"  # vendor-graph-sim's: the simulated NPU in every interpreter (doctor shows it)
-WORKER_REPORTS = "VENDOR_GRAPH_WORKER_REPORTS"  # vendor_graph.workers sets it for the workers lmdeploy spawns
+WORKER_REPORTS = "VENDOR_GRAPH_WORKER_REPORTS"  # vendor_graph.install.workers sets it for the workers lmdeploy spawns
 TOOLING: dict[str, Setting] = {s.name: s for s in (
     Setting(WORKER_REPORTS, "set by vendor_graph in lmdeploy's spawned workers: the folder where a worker that "
-            "dies leaves its error for the parent (vendor_graph.workers)", scope="internal"),
+            "dies leaves its error for the parent (vendor_graph.install.workers)", scope="internal"),
     Setting("VENDOR_GRAPH_TORCH_NPU_MANIFESTS", "the folder of torch_npu release manifests the simulator reads",
             scope="simulator"),
     Setting(SIM_SWITCH, "the simulator switch: every interpreter sees the simulated NPU of this torch_npu "

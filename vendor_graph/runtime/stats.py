@@ -2,7 +2,7 @@
 logged once at interpreter exit and on demand, a capture progress bar, and the stats file: the batch
 histogram, per-bucket stats and capture plan of every runner, for the next run's plan).
 
-Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.step.StepPolicy`, and any other runner
+Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.runtime.step.StepPolicy`, and any other runner
 (a subclass of lmdeploy's ``CUDAGraphRunner``) can do the same. Per step the cost is a dict lookup and a few
 integer additions; :func:`profile_range` is a shared no-op unless a torch profiler is recording.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .planning import STATS_FORMAT
+from ..config import settings
+from ..sizing.planning import STATS_FORMAT
 
 logger = logging.getLogger("vendor_graph")
 
@@ -154,7 +154,7 @@ class GraphStats:
 
         A graph released and captured again (a stale graph, a runner reset on sleep, a weight update or a
         closed pipeline) counts once, not once per capture: this is the memory the graphs hold together,
-        which is what the next run keeps out of its KV cache (:func:`vendor_graph.capacity.reservation`)."""
+        which is what the next run keeps out of its KV cache (:func:`vendor_graph.sizing.capacity.reservation`)."""
         return self.peak_bytes
 
     def merged(self, later: GraphStats) -> GraphStats:

@@ -1,6 +1,6 @@
 """The one step policy of every graph runner, and the small interface its mechanism implements.
 
-:class:`StepPolicy` decides what a decode step does: which :class:`~vendor_graph.key.GraphKey` it
+:class:`StepPolicy` decides what a decode step does: which :class:`~vendor_graph.runtime.key.GraphKey` it
 takes, whether it replays, captures or runs eager (with the reason), and what follows a stale graph,
 a failed capture, inputs the graph cannot serve or a shadow check that disagrees. A
 :class:`GraphBackend` carries those decisions out and decides nothing itself.
@@ -14,8 +14,9 @@ import time
 from abc import ABCMeta, abstractmethod
 from typing import Any
 
-from . import faults, patching, ranks, stats, switches
-from .buffers import GraphInputsChanged
+from ..buffers import GraphInputsChanged
+from ..install import patching
+from . import faults, ranks, stats, switches
 from .guard import StaleGraphGuard
 from .key import GraphKey
 from .shadow import ShadowCheck
@@ -271,7 +272,7 @@ class StepPolicy:
         return outputs
 
     def _shadow(self, key: GraphKey, kwargs: dict[str, Any], outputs: Any, own: faults.StepMetadata) -> Any:
-        """Run the step eagerly on its own inputs and compare with the replay (vendor_graph.shadow). The
+        """Run the step eagerly on its own inputs and compare with the replay (vendor_graph.runtime.shadow). The
         eager run writes the same K/V values into the same live slots the replay wrote."""
         label = self.backend.label
         real_batch = kwargs["input_ids"].size(-1) // key.query_len

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .buffers import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferField, GraphDims, Ref
+from . import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferField, GraphDims, Ref
 
 
 def query_lens(dims: GraphDims) -> list[int]:

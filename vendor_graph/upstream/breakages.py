@@ -1,7 +1,7 @@
 """The upstream breakages: where lmdeploy's calls and dlinfer's code disagree, for which vendors, lmdeploy series
 and dlinfer generations, and what vendor_graph does about each. This table is the only place they are written:
 ``vendor-graph doctor``, ``tools/support_matrix.py`` (docs/support.md) and the README's status grid read it,
-and :mod:`vendor_graph.compat` refuses a series only where an entry here says so.
+and :mod:`vendor_graph.upstream.compat` refuses a series only where an entry here says so.
 
 A dlinfer generation is recognised by what its modules contain, never by a version string
 (:func:`vendor_graph.vendors.ascend.dlinfer_adapter.dlinfer_generation`). Imports nothing beyond the standard
@@ -39,7 +39,7 @@ class Breakage:
     dlinfers: tuple[str, ...]  # the dlinfer generations that have it (keys of DLINFERS)
     what: str
     blocks: bool = True  # the engine cannot run that combination unless vendor_graph bridges it
-    bridge: str | None = None  # vendor_graph's bridge for it: a name in vendor_graph.bridges.NAMES, or "runner"
+    bridge: str | None = None  # vendor_graph's bridge for it: a name in vendor_graph.install.bridges.NAMES, or "runner"
     bridged_on: tuple[str, ...] = ()  # the vendors the bridge covers
     does: str = ""  # what vendor_graph does about it (how it bridges, or how it refuses)
     refuses: bool = False  # vendor_graph refuses these (vendor, series) pairs outright

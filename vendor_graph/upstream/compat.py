@@ -16,7 +16,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import settings, upstream
+from ..config import settings
+from . import breakages as upstream
 
 # Release series (major.minor) each vendor supports. The .0 release of each is what CI tests.
 SUPPORTED_SERIES: dict[str, tuple[str, ...]] = {

@@ -23,10 +23,8 @@ from typing import Any
 
 import torch
 
-from . import patching
-from .buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
-from .compat import LmdeployApi, lmdeploy_api
-from .fields import (
+from ..buffers import BATCH, BATCH_PLUS_ONE, BufferField, BufferSpec, Ref
+from ..buffers.fields import (
     adapter_ids_field,
     block_table_field,
     context_query_fields,
@@ -34,6 +32,8 @@ from .fields import (
     query_cumulative,
     query_lens,
 )
+from ..install import patching
+from ..upstream.compat import LmdeployApi, lmdeploy_api
 
 
 def _derive_from_tensor(dims, attn_metadata) -> int:

@@ -43,7 +43,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from . import patching, settings
+from ..config import settings
+from . import patching
 
 logger = logging.getLogger("vendor_graph")
 

@@ -14,7 +14,9 @@ import importlib
 import logging
 import os
 
-from . import REFERENCE_VENDORS, settings, workers
+from .. import REFERENCE_VENDORS
+from ..config import settings
+from . import workers
 from .patching import when_imported
 
 _TRIGGERS = (

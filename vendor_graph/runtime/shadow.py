@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import settings
+from ..config import settings
 
 logger = logging.getLogger("vendor_graph")
 

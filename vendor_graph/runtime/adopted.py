@@ -2,7 +2,7 @@
 
 Those vendors expose a CUDA-style graph API, so they reuse lmdeploy's runner: the vendor op backend's
 builder builds it as usual (0.18's also registers its warm-up metadata) and :func:`adopt` makes that
-object an instance of a thin subclass whose steps :class:`~vendor_graph.step.StepPolicy` decides.
+object an instance of a thin subclass whose steps :class:`~vendor_graph.runtime.step.StepPolicy` decides.
 Capture and replay stay lmdeploy's own (keys, buffers through the patched mixin, pool).
 """
 
@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from . import capacity, compat, stats
+from ..sizing import capacity
+from ..upstream import compat
+from . import stats
 from .key import GraphKey
 from .step import GraphBackend, StepPolicy
 

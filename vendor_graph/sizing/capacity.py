@@ -30,7 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _values, buckets, patching, settings
+from ..config import settings
+from ..config import values as _values
+from ..install import patching
+from . import buckets
 
 logger = logging.getLogger("vendor_graph")
 
@@ -78,8 +81,8 @@ class CapturePlan:
 
 def _check_current(current: Any) -> None:
     if current is not None and not isinstance(current, settings.Settings):
-        raise TypeError(f"current must be a vendor_graph.settings.Settings (settings.parse() gives one) or None, got "
-                        f"{_values.show(current)}")
+        raise TypeError(f"current must be a vendor_graph.config.settings.Settings (settings.parse() gives one) or "
+                        f"None, got {_values.show(current)}")
 
 
 def _normalised(sizes: Sequence[int], max_batches: int, where: str) -> tuple[int, ...]:
@@ -134,7 +137,8 @@ def resolve_capture_plan(vendor: str, max_batches: int, default_sizes: Sequence[
 
 def _auto_plan(vendor: str, max_batches: int, default: tuple[int, ...], num_layers: int, reserved: int | None,
                current: settings.Settings, quiet: bool) -> CapturePlan:
-    from . import planning, stats
+    from ..runtime import stats
+    from . import planning
 
     label = f"vendor_graph.{vendor}"
     log = _Quiet() if quiet else logger
@@ -190,7 +194,7 @@ class Reservation:
 
 
 def _buffer_bytes(spec: Any, sizes: Sequence[int], num_blocks: int, query_len: int) -> int:
-    from .buffers import GraphDims
+    from ..buffers import GraphDims
 
     return sum(spec.device_bytes(GraphDims(s, s * query_len, num_blocks, query_len)) for s in sizes)
 
@@ -205,7 +209,7 @@ def _spec(vendor: str | None) -> Any:
 
 
 def _profile(vendor: str) -> Any:
-    from . import vendors
+    from .. import vendors
 
     try:
         return vendors.profile(vendor)
@@ -236,7 +240,8 @@ def reservation(max_batches: int, current: settings.Settings | None = None, *, v
     if not current.stats_file:
         return Reservation(0, "none", f"nothing reserved for the graphs: no {STATS_ENV} to learn their size from "
                                       f"(set it, or {MEMORY_ENV}=BYTES)")
-    from . import planning, stats
+    from ..runtime import stats
+    from . import planning
 
     files = stats.stats_files(current.stats_file)
     recorded = []

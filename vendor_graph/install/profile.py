@@ -15,9 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import bridges, buckets, capacity, compat, lifecycle, patching, settings, switches, workers
-from .buffers import BufferSpec
-from .compat import LmdeployApi
+from ..buffers import BufferSpec
+from ..config import settings
+from ..runtime import switches
+from ..sizing import buckets, capacity
+from ..upstream import compat
+from ..upstream.compat import LmdeployApi
+from . import bridges, lifecycle, patching, workers
 
 logger = logging.getLogger("vendor_graph")
 
@@ -157,7 +161,7 @@ def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
 
 def install(profile: VendorProfile) -> patching.Activation:
     """Activate ``profile`` in this process (idempotent; another vendor already active is an error, and so
-    is a ``VENDOR_GRAPH_*`` value not accepted: :class:`~vendor_graph.settings.SettingsError`)."""
+    is a ``VENDOR_GRAPH_*`` value not accepted: :class:`~vendor_graph.config.settings.SettingsError`)."""
     settings.load()
     switches.ensure_log_handler()
     version = compat.check_lmdeploy_supported(profile.name)

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice, pairwise
 
-from . import _values
+from ..config import values as _values
 
 __all__ = [
     "MAX_BATCHES_LIMIT",

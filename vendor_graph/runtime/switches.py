@@ -1,4 +1,4 @@
-"""Process-wide switches from the settings (:mod:`vendor_graph.settings`), shared by every runner.
+"""Process-wide switches from the settings (:mod:`vendor_graph.config.settings`), shared by every runner.
 
 * ``VENDOR_GRAPH_DISABLE=1``: graph mode off, every step eager, said once per process. The buffer
   patches stay installed (from lmdeploy 0.17 its own ``CudaGraphMixin`` fill does not work on these
@@ -16,7 +16,7 @@ import logging
 import sys
 import threading
 
-from . import settings
+from ..config import settings
 
 DISABLE_ENV = settings.variable("disable")
 DEBUG_ENV = settings.variable("debug")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .buffers import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferSpec, Ref
+from ..buffers import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferSpec, Ref
 
 
 def _put(root: Any, path: str, value: Any) -> None:

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from . import VENDORS, __version__, patching, settings
-from .vendor import MIXIN_METHODS
+from .. import VENDORS, __version__
+from ..config import settings
+from ..install import patching
+from ..install.profile import MIXIN_METHODS
 
-# the lmdeploy modules whose calls the bridges check (vendor_graph.bridges)
+# the lmdeploy modules whose calls the bridges check (vendor_graph.install.bridges)
 BRIDGED_MODULES = ("lmdeploy.pytorch.engine.cache_engine", "lmdeploy.pytorch.kernels.dlinfer.pagedattention",
                    "lmdeploy.pytorch.kernels.dlinfer.flash_attention")
 RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, what it is)
@@ -89,7 +91,7 @@ def autoload_hook() -> AutoloadHook:
 
 def report(vendor: str | None = None) -> tuple[list[str], int]:
     """The doctor's lines, and a count of problems found (each line with a problem starts with '!')."""
-    from . import compat
+    from ..upstream import compat
 
     lines: list[str] = [f"vendor_graph {__version__} doctor (python {sys.version.split()[0]}, {sys.platform})"]
     problems = 0
@@ -160,7 +162,7 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
             + (f"; not for {', '.join(v for v in VENDORS if v not in supporting)}"
                if len(supporting) < len(VENDORS) else ""),
             problem=bool(vendor and vendor not in supporting))
-        lines.append("\nKnown upstream breakages for this combination (vendor_graph.upstream)")
+        lines.append("\nKnown upstream breakages for this combination (vendor_graph.upstream.breakages)")
         notes = _upstream_notes(series, vendor, here, on_device=bool(npu_version) and not simulated)
         if not notes:
             add("none known")
@@ -199,7 +201,8 @@ def capacity_lines() -> list[tuple[str, bool]]:
     """(line, is a problem): which sizes a runner would capture and what is kept out of the KV cache for
     the graphs, from the settings and the stats file (no lmdeploy config here: lmdeploy's own
     ``cudagraph_capture_batch_sizes`` is checked against them where a runner is built)."""
-    from . import capacity, planning, stats
+    from ..runtime import stats
+    from ..sizing import capacity, planning
 
     try:
         current = settings.parse()
@@ -255,7 +258,7 @@ def capacity_lines() -> list[tuple[str, bool]]:
 
 
 def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
-    """(line, is a problem) for each variable of ``readings`` (:func:`vendor_graph.settings.readings`)."""
+    """(line, is a problem) for each variable of ``readings`` (:func:`vendor_graph.config.settings.readings`)."""
     if not readings:
         return [("none set (all defaults)", False)]
     out = []
@@ -280,9 +283,9 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
 
 def _torch_npu_lines(version: str) -> list[str]:
     """The seq-len update path per attention op of a torch_npu release (or a generation)."""
-    from .vendors.ascend.paths_table import seqlen_ops
-    from .vendors.ascend.releases import GENERATION_FACTS, release_of
-    from .vendors.ascend.seqlen import path_for
+    from ..vendors.ascend.paths_table import seqlen_ops
+    from ..vendors.ascend.releases import GENERATION_FACTS, release_of
+    from ..vendors.ascend.seqlen import path_for
 
     try:
         generation = version if version in GENERATION_FACTS else release_of(version).generation
@@ -300,7 +303,7 @@ def _dlinfer_generation():
     """The dlinfer generation here (read from its files, nothing imported), or None where the adapter that tells
     them apart cannot be loaded (it needs torch)."""
     try:
-        from .vendors.ascend.dlinfer_adapter import dlinfer_generation
+        from ..vendors.ascend.dlinfer_adapter import dlinfer_generation
     except ImportError:
         return None
     return dlinfer_generation()
@@ -309,7 +312,7 @@ def _dlinfer_generation():
 def _dlinfer_refusal(here, torch_version: str | None, torch_npu: str | None) -> str | None:
     """Why the dlinfer here refuses this torch and torch_npu (``torch_npu``: a release, or a simulated
     generation's default release), or None."""
-    from .vendors.ascend.releases import GENERATION_FACTS, release_of
+    from ..vendors.ascend.releases import GENERATION_FACTS, release_of
 
     if here is None or torch_version is None or torch_npu is None:
         return None
@@ -331,10 +334,12 @@ def _dlinfer_refusal(here, torch_version: str | None, torch_npu: str | None) -> 
 
 
 def _upstream_notes(series: str, vendor: str | None, here, on_device: bool) -> list[tuple[str, bool]]:
-    """Each breakage of :data:`vendor_graph.upstream.BREAKAGES` on lmdeploy ``series`` (for ``vendor``, else for
-    every vendor), with whether the dlinfer here has it and what vendor_graph does; a problem where it stops the
-    chosen vendor ``on_device`` (a real torch_npu here; the simulator stands in for what dlinfer lacks)."""
-    from . import bridges, upstream
+    """Each breakage of :data:`vendor_graph.upstream.breakages.BREAKAGES` on lmdeploy ``series`` (for
+    ``vendor``, else for every vendor), with whether the dlinfer here has it and what vendor_graph does; a
+    problem where it stops the chosen vendor ``on_device`` (a real torch_npu here; the simulator stands in for
+    what dlinfer lacks)."""
+    from ..install import bridges
+    from ..upstream import breakages as upstream
 
     on = {b.name: bridges.allowed(b.name, _bridges_choice()) for b in bridges.BRIDGES}
     known = here.name if here is not None and here.name in upstream.DLINFERS else None
@@ -378,7 +383,7 @@ def _bridge_state(name: str, on: dict[str, bool]) -> str:
 
 def bridge_lines() -> list[str]:
     """The bridges over upstream call gaps: each with what it fixes, and the ones installed in this process."""
-    from . import bridges
+    from ..install import bridges
 
     choice = _bridges_choice()
     installed = {}
@@ -413,7 +418,7 @@ def _dlinfer_source_text(relative: str) -> str | None:
 
 
 def _owner_lines(vendor: str | None) -> list[str]:
-    from . import compat
+    from ..upstream import compat
 
     out = []
     if vendor:

@@ -25,9 +25,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from . import _values
+from ..config import values as _values
+from ..config.userfiles import UserFileError, read_json
 from .buckets import MAX_BATCHES_LIMIT
-from .userfiles import UserFileError, read_json
 
 STATS_FORMAT = "vendor_graph.stats/1"
 MAX_QUERY_LEN = 1024  # decode steps graphed: 1 token per sequence, a few more with speculative decoding
@@ -442,7 +442,7 @@ def _ascend_cap(workload: Workload, event_budget: int | None | str) -> tuple[int
         raise PlanError(f"event_budget {event_budget!r}: give a number of ExternalEvents (0 or more), None for no "
                         f"limit, or \"env\"")
     try:
-        from .vendors.ascend import limits
+        from ..vendors.ascend import limits
     except ImportError as exc:
         return None, (f"the Ascend event budget was not applied: vendor_graph.ascend does not import here ({exc}); "
                       f"plan where it imports (torch installed) to cap the graphs by it")

@@ -1,0 +1,3 @@
+"""For operators, never imported by the step path: the ``vendor-graph`` command line, ``doctor`` and the self-
+check.
+"""
