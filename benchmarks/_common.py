@@ -58,8 +58,7 @@ def specs() -> dict[str, Any]:
 
     from vendor_graph.upstream.compat import LmdeployApi
     from vendor_graph.vendors.ascend.spec import ascend_spec
-    from vendor_graph.vendors.camb import camb_spec
-    from vendor_graph.vendors.maca import maca_spec
+    from vendor_graph.vendors.cuda_style import camb_spec, maca_spec
 
     api_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
     api_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)

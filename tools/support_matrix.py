@@ -198,7 +198,6 @@ def torch_npu_rows() -> list[str]:
 def prerelease_rows() -> list[str]:
     """Every torch_npu pre-release on PyPI: its generation as its own wheel shows it (not its release's), what
     decides that, and its seq-len paths where they differ from the release's."""
-    from vendor_graph.vendors.ascend.paths_table import seqlen_ops
     from vendor_graph.vendors.ascend.releases import (
         GENERATION_FACTS,
         GENERATIONS,
@@ -206,7 +205,7 @@ def prerelease_rows() -> list[str]:
         PRERELEASES,
         preceded_release,
     )
-    from vendor_graph.vendors.ascend.seqlen import path_for
+    from vendor_graph.vendors.ascend.seqlen import path_for, seqlen_ops
 
     def paths(generation: str) -> list[tuple[str, str]]:
         return [(name, path_for(GENERATION_FACTS[generation], op, overload)) for name, op, overload in seqlen_ops()]

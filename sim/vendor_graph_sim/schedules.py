@@ -18,8 +18,8 @@ import random
 from dataclasses import dataclass
 
 from vendor_graph.sizing import buckets
+from vendor_graph.sizing.buckets import ascend_capture_sizes
 from vendor_graph.upstream import compat
-from vendor_graph.vendors.ascend.buckets import ascend_capture_sizes
 from vendor_graph.vendors.ascend.releases import GENERATION_FACTS
 
 from . import tiny_model as tm

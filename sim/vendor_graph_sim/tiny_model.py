@@ -540,16 +540,16 @@ def lmdeploy_step_env(vendor: str) -> Iterator[None]:
     ``update_step_context`` raises ``TypeError`` there)."""
     from lmdeploy.pytorch.model_inputs import StepContextManager, get_step_ctx_manager, set_step_ctx_manager
 
+    from vendor_graph.install import metadata_fix
     from vendor_graph.upstream import compat
-    from vendor_graph.vendors import cuda_style
 
     backend = backend_class(vendor)
     saved_mgr = get_step_ctx_manager()
     saved_dist = getattr(backend, "dist_meta", None)
     fix = None
-    if (vendor != "ascend" and cuda_style.needs_metadata_fix(compat.lmdeploy_api())
-            and not cuda_style.metadata_fix_installed(backend)):
-        fix = cuda_style.metadata_fix_patch(backend)
+    if (vendor != "ascend" and metadata_fix.needs_metadata_fix(compat.lmdeploy_api())
+            and not metadata_fix.metadata_fix_installed(backend)):
+        fix = metadata_fix.metadata_fix_patch(backend)
         fix.apply()
     set_step_ctx_manager(StepContextManager())
     if vendor == "ascend":

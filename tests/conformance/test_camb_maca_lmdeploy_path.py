@@ -13,8 +13,8 @@ import pytest
 from vendor_graph_sim import harness
 
 from vendor_graph import vendors
+from vendor_graph.install import metadata_fix
 from vendor_graph.upstream import compat
-from vendor_graph.vendors import cuda_style
 
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 RELEASE_018 = compat.lmdeploy_api().separate_host_seqlens
@@ -42,7 +42,7 @@ def test_decode_goes_through_lmdeploys_attention_to_the_vendor_kernel_with_devic
     assert len(calls) == 2 * (18 + 2 * pair.runner.stats.captures)
     assert {(q, kv) for q, kv, _ in calls} == {(device, device)}
     if RELEASE_018:
-        assert cuda_style.metadata_fix_installed(importlib.import_module(
+        assert metadata_fix.metadata_fix_installed(importlib.import_module(
             f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend").__dict__[f"{vendor.capitalize()}OpsBackend"])
 
 
@@ -50,7 +50,7 @@ def test_decode_goes_through_lmdeploys_attention_to_the_vendor_kernel_with_devic
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_host_length_tensor_reaching_the_decode_kernel_is_refused(vendor, monkeypatch):
     """The failure put back: decode metadata carrying host copies under the _cpu names (as Ascend's has)."""
-    fix = cuda_style.metadata_for_018
+    fix = metadata_fix.metadata_for_018
 
     def host_lengths(metadata_cls):
         build = fix(metadata_cls)
@@ -63,7 +63,7 @@ def test_a_host_length_tensor_reaching_the_decode_kernel_is_refused(vendor, monk
         with_host_copies.__qualname__ = "metadata_for_018"
         return with_host_copies
 
-    monkeypatch.setattr(cuda_style, "metadata_for_018", host_lengths)
+    monkeypatch.setattr(metadata_fix, "metadata_for_018", host_lengths)
     with pytest.raises(RuntimeError, match="kv_seqlens is a cpu tensor .* host tensor reaching this device kernel"):
         harness.run(vendor, 3, steps=6, num_seqs=4)
 

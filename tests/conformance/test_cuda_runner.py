@@ -81,7 +81,7 @@ def test_a_batch_beyond_the_largest_size_runs_eager_with_one_warning(cuda_style_
 
 
 def test_a_replay_whose_inputs_changed_runs_that_step_eager(cuda_style_backend, monkeypatch):
-    from vendor_graph.vendors.camb import PROFILE
+    from vendor_graph.vendors.cuda_style import CAMB as PROFILE
 
     spec = PROFILE.spec
     fill = type(spec).fill
@@ -109,7 +109,7 @@ def test_camb_needs_its_max_kv_seq_len_at_minus_one(cuda_style_backend, monkeypa
     later, longer sequences are cut short (silently wrong). The spec's -1 is what keeps graphs right."""
     import dataclasses
 
-    from vendor_graph.vendors.camb import PROFILE
+    from vendor_graph.vendors.cuda_style import CAMB as PROFILE
 
     constants = {**PROFILE.spec.constants, "max_kv_seq_len": lambda dims, attn: attn.max_kv_seq_len}
     monkeypatch.setitem(PROFILE.__dict__, "spec", dataclasses.replace(PROFILE.spec, constants=constants))
@@ -148,7 +148,7 @@ def test_the_shadow_check_catches_a_wrong_graph(cuda_style_backend, monkeypatch,
     VENDOR_GRAPH_SHADOW=1 every replay is compared with eager on the same inputs."""
     import dataclasses
 
-    from vendor_graph.vendors.camb import PROFILE
+    from vendor_graph.vendors.cuda_style import CAMB as PROFILE
 
     constants = {**PROFILE.spec.constants, "max_kv_seq_len": lambda dims, attn: attn.max_kv_seq_len}
     monkeypatch.setitem(PROFILE.__dict__, "spec", dataclasses.replace(PROFILE.spec, constants=constants))

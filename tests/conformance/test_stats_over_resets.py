@@ -13,6 +13,7 @@ import pytest
 import torch
 from vendor_graph_sim import harness
 
+from vendor_graph import vendors
 from vendor_graph.config import settings
 from vendor_graph.runtime import stats
 from vendor_graph.sizing import capacity
@@ -88,7 +89,7 @@ def test_the_next_run_reserves_the_graph_memory_of_a_run_that_ended_with_a_reset
     stats.write_stats_file("exit")
     doc = json.loads(stats_file.read_text())
     settings.load()  # the next run: VENDOR_GRAPH_GRAPH_MEMORY=auto (the default) reads the file
-    reserved = capacity.reservation(doc["max_batches"], vendor="ascend")
+    reserved = capacity.reservation(doc["max_batches"], spec=vendors.profile("ascend").spec)
     assert reserved.source == "stats file", reserved.detail
     assert reserved.bytes == int(5 * MiB * capacity.MARGIN)
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import vendor_graph
+from vendor_graph.install import metadata_fix
 from vendor_graph.upstream import compat
-from vendor_graph.vendors import cuda_style
 
 CUDA_STYLE = [v for v in ("camb", "maca") if v in compat.vendors_supporting(compat.installed_lmdeploy_version())]
 RELEASE_018 = compat.lmdeploy_api().separate_host_seqlens
@@ -101,7 +101,7 @@ def test_the_fix_is_installed_only_where_the_release_needs_it(cuda_style_vendor,
     from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionMetadata
 
     activate(vendor)
-    assert cuda_style.metadata_fix_installed(backend(vendor)) == RELEASE_018
+    assert metadata_fix.metadata_fix_installed(backend(vendor)) == RELEASE_018
     patched = [p for p in vendor_graph.install.patching.active().patches if p.name == "get_attention_metadata_cls"]
     assert len(patched) == RELEASE_018
     vendor_graph.uninstall()

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vendor_graph import vendors
 from vendor_graph.config import settings
 from vendor_graph.sizing import capacity
 from vendor_graph.sizing.capacity import CapturePlanError
@@ -117,8 +118,8 @@ def test_auto_reserves_the_previous_pool_and_this_plans_buffers(monkeypatch, act
     reserved = _reserved(executor)
     # the measured pool, plus the buffers of this run's 7 graphs at the cache about to be made, with the margin
     blocks_upper = int((FREE - _runtime()) * 0.5) // BLOCK
-    spec = capacity._spec(_vendor())
-    sizes = capacity._profile(_vendor()).capture_sizes(64)  # the vendor's default for max_batch_size 64
+    spec = vendors.profile(_vendor()).spec
+    sizes = vendors.profile(_vendor()).capture_sizes(64)  # the vendor's default for max_batch_size 64
     buffers = capacity._buffer_bytes(spec, sizes, blocks_upper, 1)
     assert buffers >= sum(sizes) * blocks_upper * 4  # each graph's block table: batch x blocks int32
     assert reserved == int((200 * MiB + buffers) * capacity.MARGIN)
@@ -131,8 +132,8 @@ def test_auto_reserves_the_previous_pool_and_this_plans_buffers(monkeypatch, act
 def test_auto_takes_the_recorded_buffers_out_of_the_recorded_memory(monkeypatch, activate, tmp_path):
     """A previous run with a larger cache had larger block tables: only its pool carries over."""
     path = tmp_path / "stats.json"
-    sizes = capacity._profile(_vendor()).capture_sizes(64)
-    spec = capacity._spec(_vendor())
+    sizes = vendors.profile(_vendor()).capture_sizes(64)
+    spec = vendors.profile(_vendor()).spec
     then = capacity._buffer_bytes(spec, sizes, 100_000, 1)
     _stats(path, graph_memory_bytes=then + 50 * MiB, num_gpu_blocks=100_000,
            buckets={str(s): {"captures": 1} for s in sizes})
@@ -146,7 +147,7 @@ def test_the_buffer_model_is_the_block_table_per_graph(activate):
     from vendor_graph.buffers import GraphDims
 
     activate(_vendor())
-    spec = capacity._spec(_vendor())
+    spec = vendors.profile(_vendor()).spec
     small, large = (spec.device_bytes(GraphDims(8, 8, blocks, 1)) for blocks in (1000, 3000))
     assert large - small == 8 * 2000 * 4  # block_offsets: (batch, blocks) int32, nothing else grows with blocks
 

@@ -57,7 +57,7 @@ MUTATIONS = (
         "    return [-1] * dims.tokens",
         (f"{ASCEND_SHRINKING}[G5-mla]",)),
     Mutation(
-        "Camb max_kv_seq_len left at the value frozen at capture", "cuda_style.py",
+        "Camb max_kv_seq_len left at the value frozen at capture", "vendors/cuda_style.py",
         'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',
         'constants={api.max_q_attr: _derive_from_tensor},',
         ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),
@@ -78,7 +78,7 @@ MUTATIONS = (
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "Ascend buckets above 16 rounded to multiples of 32, not 16", "vendors/ascend/buckets.py",
+        "Ascend buckets above 16 rounded to multiples of 32, not 16", "sizing/buckets.py",
         "        return -(-batch // 16) * 16",
         "        return -(-batch // 32) * 32",
         (f"{ASCEND_SHRINKING}[G5-fia]",)),
@@ -99,7 +99,7 @@ MUTATIONS = (
         "                    pass",
         ("tests/conformance/test_ascend_runner.py::test_the_next_refresh_waits_for_the_previous_replay[G5]",)),
     Mutation(
-        "context inputs copied by a second device operation", "vendor.py",
+        "context inputs copied by a second device operation", "install/profile.py",
         "        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata, context)",
         "        new_inputs = profile.spec.fill(graph_meta, inputs, attn_metadata)",
         ("tests/unit/test_mixin_fill_context.py",)),
@@ -130,7 +130,7 @@ MUTATIONS = (
         "                        source=Ref.attn(\"kv_seqlens_cpu\")",
         (f"{ASCEND_PARITY}[fia-G5]",), releases=("0.18",)),
     Mutation(
-        "padding: Camb/MACA device KV lengths of padding rows 1, not 0", "cuda_style.py",
+        "padding: Camb/MACA device KV lengths of padding rows 1, not 0", "vendors/cuda_style.py",
         'BufferField("kv_seqlens", (BATCH,), torch.int32, pad=0, source=Ref.attn("kv_seqlens"),',
         'BufferField("kv_seqlens", (BATCH,), torch.int32, pad=1, source=Ref.attn("kv_seqlens"),',
         (f"{PARITY}::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",), needs="camb"),

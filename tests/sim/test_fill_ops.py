@@ -113,7 +113,7 @@ def test_a_host_source_of_a_device_buffer_is_one_pageable_transfer_here():
     from packaging.version import Version
 
     from vendor_graph.buffers import pinned_staging_available
-    from vendor_graph.vendors.camb import camb_spec
+    from vendor_graph.vendors.cuda_style import camb_spec
 
     assert not pinned_staging_available()
     spec = camb_spec(compat.LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len",

@@ -14,7 +14,7 @@ import pytest
 
 from vendor_graph.config import settings
 from vendor_graph.sizing import buckets, capacity, planning
-from vendor_graph.vendors.ascend.buckets import ascend_bucket, ascend_capture_sizes
+from vendor_graph.sizing.buckets import ascend_bucket, ascend_capture_sizes
 
 HUGE = 10**5000  # above Python's 4300-digit limit for printing an int
 DEEP_ERRORS = ("truth value of an array", "too large to convert to float", "has no attribute", "not iterable",

@@ -8,12 +8,13 @@ from vendor_graph import vendors
 from vendor_graph.sizing.buckets import (
     MAX_BATCHES_LIMIT,
     BucketTypeError,
+    ascend_bucket,
+    ascend_capture_sizes,
     capture_sizes,
     cuda_capture_sizes,
     explicit_capture_sizes,
     pad_to_bucket,
 )
-from vendor_graph.vendors.ascend.buckets import ascend_bucket, ascend_capture_sizes
 
 ASCEND_TABLE = {
     1: [1],

@@ -12,8 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vendor_graph.buffers import BATCH, BufferField, BufferSpec, GraphInputsChanged, Placement, Ref
 from vendor_graph.upstream.compat import LmdeployApi
 from vendor_graph.vendors.ascend.spec import ascend_spec
-from vendor_graph.vendors.camb import camb_spec
-from vendor_graph.vendors.maca import maca_spec
+from vendor_graph.vendors.cuda_style import camb_spec, maca_spec
 
 API_017 = LmdeployApi(Version("0.17.0"), frozenset(), max_q_attr="max_q_seq_len", separate_host_seqlens=False)
 API_018 = LmdeployApi(Version("0.18.0"), frozenset(), max_q_attr="max_q_seqlen", separate_host_seqlens=True)

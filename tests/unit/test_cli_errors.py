@@ -159,7 +159,7 @@ def test_paths_into_a_closed_pipe_stops_quietly():
 
 
 def test_paths_output_is_unchanged_by_the_move():
-    from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
+    from vendor_graph.vendors.ascend.seqlen import seqlen_path_table
 
     proc = subprocess.run([sys.executable, "-m", "vendor_graph", "paths"], capture_output=True, text=True,
                           timeout=120)

@@ -2,7 +2,7 @@ import re
 from pathlib import Path
 
 from vendor_graph.config import settings
-from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
+from vendor_graph.vendors.ascend.seqlen import seqlen_path_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

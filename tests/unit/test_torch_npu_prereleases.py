@@ -62,8 +62,7 @@ def _manifest(version: str) -> dict[str, Any]:
 
 
 def _paths(facts: dict[str, Any]) -> tuple[str, ...]:
-    from vendor_graph.vendors.ascend.paths_table import seqlen_ops
-    from vendor_graph.vendors.ascend.seqlen import path_for
+    from vendor_graph.vendors.ascend.seqlen import path_for, seqlen_ops
 
     return tuple(path_for(facts, op, overload) for _, op, overload in seqlen_ops())
 
@@ -189,7 +188,7 @@ def test_settings_and_the_cli_take_prerelease_spellings() -> None:
 
 def test_paths_and_doctor_name_the_prereleases_own_generation() -> None:
     from vendor_graph.ops import doctor
-    from vendor_graph.vendors.ascend.paths_table import seqlen_path_table
+    from vendor_graph.vendors.ascend.seqlen import seqlen_path_table
 
     table = seqlen_path_table()
     for version, (generation, _, _, paths) in EXPECTED.items():

@@ -1,33 +1,9 @@
 """Bridges over calls that lmdeploy and dlinfer spell differently, so that lmdeploy's engine runs on the dlinfer
-stack at all (eager or graph mode, on hardware or on the simulator).
+stack at all (eager or graph mode). The gaps, and where each bridge patches: ``docs/upstream.md`` (Bridges).
 
-=====================  ===========================================================================================
-``state-cache``        lmdeploy 0.16/0.17's ``StateCacheEngine`` calls ``allocate_caches(num_caches=, state_shapes=,
-                       state_specs=, num_layers=, device=)``; dlinfer main (a50184e) replaces that static method, on
-                       Ascend, with one taking ``(num_caches, state_shapes, device)``: the cache engine build raises
-                       TypeError. 0.18's ``StateCacheEngine`` allocates without it.
-``prefill-attention``  lmdeploy 0.18's dlinfer kernels (``kernels/dlinfer/pagedattention.py``, ``flash_attention.py``)
-                       call ``dlinfer.ops.prefill_attention`` without ``q_start_loc`` and with
-                       ``actual_seq_lengths_cpu=``, and ``paged_prefill_attention`` without ``q_start_loc`` and
-                       ``cu_seq_lens_kv``; dlinfer main's ops take neither form: every prefill raises TypeError.
-=====================  ===========================================================================================
-
-A bridge is installed where, and only where, its signature check finds the gap: a call written in lmdeploy's
-source (its positional count and keywords) does not bind to the installed dlinfer function's signature, and does
-bind to the form the bridge adapts. Where the installed dlinfer takes lmdeploy's call, the bridge stands aside; no
-version string is read. Where a call does not fit and the bridge does not know its form, a warning says so.
-
-Where they patch: ``StateCacheEngine.allocate_caches`` (the class attribute both lmdeploy's callers go through),
-and the ``dlinfer.ops`` reference (``ext_ops``) inside each lmdeploy kernel module whose calls do not fit, with a
-view whose two prefill ops are adapted and whose every other name is dlinfer's own, looked up at each call: the
-``dlinfer.ops`` module itself, and every other caller of it, are left alone. The prefill adapter hands dlinfer the
-host lengths lmdeploy 0.16's Ascend backend passed; on Camb and MACA (whose kernels take device lengths) it stands
-aside with a warning.
-
-``VENDOR_GRAPH_BRIDGES``: ``auto`` (each bridge where its check finds the gap), ``off``, or the names of the
-bridges allowed. :func:`install` is called by the vendor activation; :func:`applied` lists what is installed in
-this process and :data:`BRIDGES` is the catalogue. Imports neither torch nor lmdeploy (the settings read the
-names here).
+A bridge is installed where, and only where, its signature check finds the gap: a call in lmdeploy's source does
+not bind to the installed dlinfer function and does bind to the form the bridge adapts; no version string is read.
+``VENDOR_GRAPH_BRIDGES``: ``auto``, ``off``, or the names allowed. Imports neither torch nor lmdeploy.
 """
 
 from __future__ import annotations

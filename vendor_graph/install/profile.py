@@ -18,10 +18,10 @@ from typing import Any
 from ..buffers import BufferSpec
 from ..config import settings
 from ..runtime import switches
-from ..sizing import buckets, capacity
+from ..sizing import buckets
 from ..upstream import compat
 from ..upstream.compat import LmdeployApi
-from . import bridges, lifecycle, patching, workers
+from . import bridges, graph_memory, lifecycle, patching, workers
 
 logger = logging.getLogger("vendor_graph")
 
@@ -185,7 +185,7 @@ def install(profile: VendorProfile) -> patching.Activation:
         patching.when_imported(compat.CUDAGRAPH_MODULE, patch_mixin)
         patching.when_imported(profile.op_backend_module, patch_builder)
         lifecycle.install(activation)  # a finished weight update drops the graphs (lmdeploy does not)
-        capacity.install(activation)  # graph memory kept out of the KV cache lmdeploy sizes
+        graph_memory.install(activation, profile)  # graph memory kept out of the KV cache lmdeploy sizes
         bridges.install(activation)  # lmdeploy calls the installed dlinfer cannot take, where its signatures say so
         workers.install(activation)  # a spawned worker that dies stops the engine instead of hanging it
         if profile.extra_setup is not None:
@@ -200,4 +200,3 @@ def activation_on_import(profile: VendorProfile) -> Callable[[], patching.Activa
     activate = functools.partial(install, profile)
     activate()
     return activate
-

@@ -339,7 +339,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    from ..vendors.ascend.paths_table import seqlen_path_table
+    from ..vendors.ascend.seqlen import seqlen_path_table
 
     print(seqlen_path_table())
     return 0

@@ -283,9 +283,8 @@ def settings_lines(readings: list[settings.Reading]) -> list[tuple[str, bool]]:
 
 def _torch_npu_lines(version: str) -> list[str]:
     """The seq-len update path per attention op of a torch_npu release (or a generation)."""
-    from ..vendors.ascend.paths_table import seqlen_ops
     from ..vendors.ascend.releases import GENERATION_FACTS, release_of
-    from ..vendors.ascend.seqlen import path_for
+    from ..vendors.ascend.seqlen import path_for, seqlen_ops
 
     try:
         generation = version if version in GENERATION_FACTS else release_of(version).generation

@@ -2,7 +2,7 @@
 
 Pure functions over ints, no torch. Every policy returns a sorted, duplicate-free list whose last
 element is exactly ``max_batches``: the scheduler can produce any batch up to ``max_batches``, and a
-batch that finds no graph would run eager (vllm-ascend #16049 measured 7.5x slower for that).
+batch that finds no graph would run eager, several times slower (docs/ascend.md).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from ..config import values as _values
 __all__ = [
     "MAX_BATCHES_LIMIT",
     "BucketTypeError",
+    "ascend_bucket",
+    "ascend_capture_sizes",
     "capture_sizes",
     "check_batch",
     "check_max_batches",
@@ -80,6 +82,36 @@ def cuda_capture_sizes(max_batches: int) -> list[int]:
     sizes.extend(range(size, max_batches + 1, 256))
     if sizes[-1] != max_batches:
         sizes.append(max_batches)
+    return sizes
+
+
+def ascend_bucket(batch: int) -> int:
+    """The Ascend three-tier bucket of ``batch``, not capped by ``max_batches``.
+
+    Power of two up to 16, a multiple of 16 up to 256, a multiple of 256 above.
+    """
+    if type(batch) is not int:
+        batch = check_batch("batch", batch)
+    if batch < 1 or batch > MAX_BATCHES_LIMIT:
+        raise ValueError(f"batch must be from 1 to {MAX_BATCHES_LIMIT} (vendor_graph's bound on max_batches), got "
+                         f"{batch if batch < 1 else _values.show(batch)}")
+    if batch <= 16:
+        return 1 << (batch - 1).bit_length()
+    if batch <= 256:
+        return -(-batch // 16) * 16
+    return -(-batch // 256) * 256
+
+
+def ascend_capture_sizes(max_batches: int) -> list[int]:
+    """Ascend's capture sizes: every three-tier size (:func:`ascend_bucket`) below ``max_batches``, then
+    ``max_batches`` itself."""
+    max_batches = check_max_batches(max_batches)
+    sizes: list[int] = []
+    size = 1
+    while size < max_batches:
+        sizes.append(size)
+        size = ascend_bucket(size + 1)
+    sizes.append(max_batches)
     return sizes
 
 

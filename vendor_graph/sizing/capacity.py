@@ -14,7 +14,7 @@ Capture sizes, in order of precedence (:func:`resolve_capture_plan`, run where a
 3. The vendor's default sizes.
 
 Graph memory (:func:`reservation`, run by lmdeploy's executor, which sizes the KV cache before any graph
-exists: ``_reserve_runtime_mem`` in 0.16-0.18, wrapped by :func:`install`): ``VENDOR_GRAPH_GRAPH_MEMORY``
+exists: :mod:`vendor_graph.install.graph_memory` wraps its ``_reserve_runtime_mem``): ``VENDOR_GRAPH_GRAPH_MEMORY``
 bytes, or with ``auto`` (the default) what the previous run's graphs took (``graph_memory_bytes`` of its
 stats file: the most the graphs alive at one time took to capture, measured as the allocator's growth around
 each capture; graphs captured again after a reset or by a rebuilt runner do not add to it) scaled to this
@@ -24,15 +24,13 @@ each capture; graphs captured again after a reset or by a rebuilt runner do not 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import settings
 from ..config import values as _values
-from ..install import patching
 from . import buckets
 
 logger = logging.getLogger("vendor_graph")
@@ -48,9 +46,6 @@ DEFAULT, EXPLICIT_LMDEPLOY, EXPLICIT_ENV, AUTO = "default", LMDEPLOY_SIZES, SIZE
 # Kept on top of what the previous run's captures took: allocator block rounding, a pool's fragmentation
 # and a workload whose largest graph was captured with shorter sequences.
 MARGIN = 1.25
-
-EXECUTOR_MODULE = "lmdeploy.pytorch.engine.executor.base"
-EXECUTOR_CLASS = "ExecutorBase"
 
 
 class _Quiet:
@@ -199,32 +194,15 @@ def _buffer_bytes(spec: Any, sizes: Sequence[int], num_blocks: int, query_len: i
     return sum(spec.device_bytes(GraphDims(s, s * query_len, num_blocks, query_len)) for s in sizes)
 
 
-def _spec(vendor: str | None) -> Any:
-    """The vendor's buffer spec on this lmdeploy, None where it cannot be had (no lmdeploy here)."""
-    profile = _profile(vendor) if vendor is not None else None
-    try:
-        return profile.spec if profile is not None else None
-    except Exception:  # noqa: BLE001 - the estimate then goes without the buffer model
-        return None
-
-
-def _profile(vendor: str) -> Any:
-    from .. import vendors
-
-    try:
-        return vendors.profile(vendor)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def reservation(max_batches: int, current: settings.Settings | None = None, *, vendor: str | None = None,
+def reservation(max_batches: int, current: settings.Settings | None = None, *, spec: Any = None,
                 sizes: Sequence[int] | None = None, num_blocks: int | None = None) -> Reservation:
     """The device memory to keep out of the KV cache for the graphs of a runner of ``max_batches``.
 
     ``auto`` takes the previous run's ``graph_memory_bytes`` apart: the graph buffers its captured sizes
-    held (the vendor's buffer spec at its ``num_gpu_blocks``; the block table grows with the cache) and the
-    rest (the pool's activations), scaled up with ``max_batches``. It then adds the buffers of ``sizes`` at
-    ``num_blocks`` (this run's plan and cache), and :data:`MARGIN` on the whole."""
+    held (``spec``, the vendor's :class:`~vendor_graph.buffers.BufferSpec`, at its ``num_gpu_blocks``; the
+    block table grows with the cache) and the rest (the pool's activations), scaled up with ``max_batches``.
+    It then adds the buffers of ``sizes`` at ``num_blocks`` (this run's plan and cache), and :data:`MARGIN` on
+    the whole. Without ``spec`` the measured memory is scaled as one."""
     _check_current(current)
     max_batches = buckets.check_max_batches(max_batches)
     if sizes is not None:
@@ -257,7 +235,6 @@ def reservation(max_batches: int, current: settings.Settings | None = None, *, v
         return Reservation(0, "none", f"nothing reserved for the graphs: {where} records no graph memory (a first "
                                       f"run, or captures whose memory could not be measured)")
     measured, path, doc = max(recorded, key=lambda r: r[0])
-    spec = _spec(vendor or doc.get("vendor"))
     query_len = max((int(q) for q in doc.get("query_len_histogram") or {"1": 0}), default=1)
     captured = [int(b) for b, st in (doc.get("buckets") or {}).items() if st.get("captures")] or doc["capture_sizes"]
     then_blocks = int(doc.get("num_gpu_blocks") or 0)
@@ -296,71 +273,5 @@ def planned_blocks(cache_config: Any, free: Sequence[int], cache_plan: Any) -> i
     return max(0, int(max(free) * cache_config.cache_max_entry_count) // block) if block else 0
 
 
-def wrap_reserve_runtime_mem(original: Callable) -> Callable:
-    """lmdeploy's ``ExecutorBase._reserve_runtime_mem``, then the graphs' reservation taken from every rank's
-    free memory before the KV cache is sized from it (and recorded on the cache config the workers get)."""
-    if getattr(original, "_vendor_graph_capacity", False):
-        return original
-
-    @functools.wraps(original)
-    def _reserve_runtime_mem(self, free_mems, cache_plan, *args, **kwargs):
-        free = original(self, free_mems, cache_plan, *args, **kwargs)
-        cache_config = self.cache_config
-        if getattr(getattr(self, "backend_config", None), "eager_mode", False):
-            setattr(cache_config, RESERVED_ATTR, 0)
-            return free
-        activation = patching.active()
-        vendor = activation.vendor if activation is not None else None
-        sizes = None
-        if vendor is not None:
-            profile = _profile(vendor)
-            default = profile.capture_sizes(cache_config.max_batches) if profile is not None else ()
-            try:
-                sizes = resolve_capture_plan(vendor, cache_config.max_batches, default,
-                                             getattr(cache_config, LMDEPLOY_SIZES, None), quiet=True).sizes
-            except CapturePlanError:
-                sizes = None  # the runner raises it where it is built
-        res = reservation(cache_config.max_batches, vendor=vendor, sizes=sizes,
-                          num_blocks=planned_blocks(cache_config, free, cache_plan))
-        setattr(cache_config, RESERVED_ATTR, res.bytes)
-        if not res.bytes:
-            logger.info("vendor_graph: %s", res.detail)
-            return free
-        if min(free) - res.bytes <= 0:
-            raise CapturePlanError(
-                f"the graphs' reservation of {res.bytes / 2**20:.1f} MiB ({res.detail}) is more than the "
-                f"{min(free) / 2**20:.1f} MiB left for the KV cache; lower {MEMORY_ENV}, max_batch_size or the "
-                f"number of capture sizes")
-        logger.warning("vendor_graph: %s, taken from the memory the KV cache is sized from", res.detail)
-        return [f - res.bytes for f in free]
-
-    _reserve_runtime_mem._vendor_graph_capacity = True
-    _reserve_runtime_mem.__module__ = __name__
-    return _reserve_runtime_mem
-
-
-def install(activation: patching.Activation | None = None) -> bool:
-    """Wrap lmdeploy's ``ExecutorBase._reserve_runtime_mem`` (now, or when its module is imported)."""
-    activation = activation or patching.active()
-    if activation is None:
-        return False
-
-    def patch(module: Any) -> None:
-        executor = getattr(module, EXECUTOR_CLASS, None)
-        original = getattr(executor, "_reserve_runtime_mem", None) if executor is not None else None
-        if original is None:
-            logger.warning("vendor_graph: this lmdeploy's %s has no _reserve_runtime_mem: no graph memory is kept "
-                           "out of the KV cache; lower cache_max_entry_count to leave room for the graphs",
-                           EXECUTOR_CLASS)
-            return
-        if getattr(original, "_vendor_graph_capacity", False):
-            return
-        activation.add(patching.Patch(executor, "_reserve_runtime_mem", wrap_reserve_runtime_mem(original)))
-
-    patching.when_imported(EXECUTOR_MODULE, patch)
-    return True
-
-
 __all__ = ["AUTO", "DEFAULT", "EXPLICIT_ENV", "EXPLICIT_LMDEPLOY", "MARGIN", "RESERVED_ATTR", "CapturePlan",
-           "CapturePlanError", "Reservation", "install", "planned_blocks", "reservation", "resolve_capture_plan",
-           "wrap_reserve_runtime_mem"]
+           "CapturePlanError", "Reservation", "planned_blocks", "reservation", "resolve_capture_plan"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# dlinfer generations: the PyPI wheel, GitHub main before PR #350, and at or after it (merged, no release yet)
+# dlinfer generations (docs/upstream.md): the PyPI wheel, and GitHub main before and after a breaking change
 PYPI_027 = "0.2.7"
 A50184E_ERA = "a50184e-era"
 POST_350 = "post-#350"

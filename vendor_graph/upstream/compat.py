@@ -1,8 +1,5 @@
-"""lmdeploy releases we support, and the few places their API moved.
-
-Version facts come from reading the 0.16.0, 0.17.0 and 0.18.0 wheels (shared research,
-``lmdeploy_compat.md``). Where a feature can be detected it is detected (dataclass fields,
-import paths); the version only decides support.
+"""lmdeploy releases we support, and the few places their API moved: detected where it can be (dataclass
+fields, import paths), the version deciding only support. Where the facts come from: ``docs/upstream.md``.
 """
 
 from __future__ import annotations

@@ -15,13 +15,19 @@ if TYPE_CHECKING:
     from ..install.profile import VendorProfile
 
 
+# vendor -> (its room under vendors/, the name of its profile there); Camb and MACA share one room.
+PROFILES = {"ascend": ("ascend", "PROFILE"), "camb": ("cuda_style", "CAMB"), "maca": ("cuda_style", "MACA"),
+            "cuda": ("cuda", "PROFILE")}
+
+
 def profile(vendor: str) -> VendorProfile:
     """The :class:`~vendor_graph.install.profile.VendorProfile` of ``vendor`` (ascend, camb, maca, cuda)."""
     from .. import REFERENCE_VENDORS, VENDORS
 
     if vendor not in VENDORS + REFERENCE_VENDORS:
         raise ValueError(f"unknown vendor {vendor!r}: expected one of {', '.join(VENDORS + REFERENCE_VENDORS)}")
-    return importlib.import_module(f"{__name__}.{vendor}").PROFILE
+    room, name = PROFILES[vendor]
+    return getattr(importlib.import_module(f"{__name__}.{room}"), name)
 
 
 def activate(vendor: str) -> Activation:

@@ -1,25 +1,15 @@
-"""What the dlinfer vendors on lmdeploy's CUDA graph runner (Camb, MACA) share: their buffer spec, and on
-lmdeploy 0.18 the attention metadata their own ``update_step_context`` can no longer build.
+"""Camb and MACA: the dlinfer vendors that run lmdeploy's own CUDA graph runner, adopted by vendor_graph
+(:mod:`vendor_graph.runtime.adopted`), with one buffer spec that differs only in ``kv_start_indices``.
 
-What their decode attention reads on lmdeploy 0.16 / 0.17 (``{Camb,Maca}OpsBackend.update_step_context``
-and ``DlinferAttentionImpl.forward``): ``block_offsets``, ``q_start_loc`` (their cumulative
-``cu_seqlens``, batch + 1 entries), ``q_seqlens``, ``kv_seqlens`` and ``kv_start_indices`` on the
-device, and the ints ``max_q_seq_len`` / ``max_kv_seq_len``. An int is frozen into the graph at
-capture, so both are -1 here: the kernels then derive the maxima from the tensors (dlinfer #298).
-The vendors differ only in the layout of ``kv_start_indices``.
-
-lmdeploy 0.18 reads ``cu_seqlens_q``, ``cu_seqlens_q_cpu`` and ``kv_seqlens_cpu`` instead of
-``q_start_loc``, and its decode kernel passes ``cu_seqlens_q_cpu[1:]`` and ``kv_seqlens_cpu`` to dlinfer's
-``paged_decode_attention`` as ``q_seq_len`` / ``kv_seq_len``. dlinfer's Camb decode hands ``kv_seq_len`` to
-``tmo.single_query_cached_kv_attn`` and MACA's to ``flash_attn_with_kvcache(cache_seqlens=)``: device
-kernels, so in decode those two fields are the device tensors (a host tensor would be frozen into a graph
-at its capture-time lengths), bound to the same buffers as ``q_start_loc`` / ``kv_seqlens``.
+The decode attention of both reads its lengths from device tensors and its max-length ints, frozen at capture,
+at -1 (derived from the tensors); on lmdeploy 0.18 their own ``update_step_context`` also needs
+:mod:`vendor_graph.install.metadata_fix`. What each release's kernels read, with sources: ``docs/upstream.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import functools
+from collections.abc import Callable
 
 import torch
 
@@ -32,8 +22,10 @@ from ..buffers.fields import (
     query_cumulative,
     query_lens,
 )
-from ..install import patching
-from ..upstream.compat import LmdeployApi, lmdeploy_api
+from ..install.metadata_fix import install_metadata_fix
+from ..install.profile import VendorProfile
+from ..runtime.adopted import build_adopted_runner
+from ..upstream.compat import LmdeployApi
 
 
 def _derive_from_tensor(dims, attn_metadata) -> int:
@@ -41,6 +33,7 @@ def _derive_from_tensor(dims, attn_metadata) -> int:
 
 
 def cuda_style_spec(vendor: str, api: LmdeployApi, kv_start_shape: tuple, kv_start_dtype: torch.dtype) -> BufferSpec:
+    """The buffers of ``vendor``'s decode on ``api``'s lmdeploy, ``kv_start_indices`` laid out as given."""
     # 0.18: the decode kernel reads the cumulative query ends and the KV lengths under these names too.
     cumulative_binds = (Ref.attn("cu_seqlens_q"), Ref.attn("cu_seqlens_q_cpu")) if api.separate_host_seqlens else ()
     kv_binds = (Ref.attn("kv_seqlens_cpu"),) if api.separate_host_seqlens else ()
@@ -66,73 +59,25 @@ def cuda_style_spec(vendor: str, api: LmdeployApi, kv_start_shape: tuple, kv_sta
     )
 
 
-# -- lmdeploy 0.18: the metadata Camb's and MACA's own update_step_context build --------------------------
-
-# Keywords lmdeploy 0.18.0's Camb/MACA update_step_context still pass, and what 0.18's DlinferAttentionMetadata
-# calls them (cu_seq_lens_kv, cumulative KV lengths with a leading 0, was removed; cu_seqlens_k is that).
-RENAMED_KEYWORDS = {"max_q_seq_len": "max_q_seqlen", "cu_seq_lens_kv": "cu_seqlens_k"}
+def camb_spec(api: LmdeployApi) -> BufferSpec:
+    """Camb: ``kv_start_indices`` int32 over the batch."""
+    return cuda_style_spec("camb", api, kv_start_shape=(BATCH,), kv_start_dtype=torch.int32)
 
 
-def metadata_for_018(metadata_cls: type):
-    """The ``attn_meta_cls`` lmdeploy 0.18's Camb/MACA ``update_step_context`` call, building 0.18's
-    ``DlinferAttentionMetadata``: the renamed keywords under their new names, ``cu_seqlens_q`` (the cumulative
-    query ends those backends pass as ``q_start_loc``), and ``cu_seqlens_q_cpu`` / ``kv_seqlens_cpu``: in
-    decode always the device tensors themselves (their decode kernels run on the device), in prefill host
-    copies unless the backend set them (what the names promise; prefill is never captured)."""
-    fields = {f.name for f in dataclasses.fields(metadata_cls)}
-
-    def build(is_decoding: bool, block_offsets: torch.Tensor, **kwargs: Any):
-        for old, new in RENAMED_KEYWORDS.items():
-            if old in kwargs and old not in fields:
-                value = kwargs.pop(old)
-                if kwargs.get(new) is None:
-                    kwargs[new] = value
-        cumulative = kwargs.get("cu_seqlens_q")
-        if cumulative is None:
-            cumulative = kwargs["cu_seqlens_q"] = kwargs.get("q_start_loc")
-        kv_seqlens = kwargs.get("kv_seqlens")
-        for name, tensor in (("cu_seqlens_q_cpu", cumulative), ("kv_seqlens_cpu", kv_seqlens)):
-            if is_decoding:
-                kwargs[name] = tensor
-            elif kwargs.get(name) is None and tensor is not None:
-                kwargs[name] = tensor.cpu()
-        return metadata_cls(is_decoding, block_offsets, **kwargs)
-
-    build.__qualname__ = build.__name__ = "metadata_for_018"
-    build.__module__ = __name__
-    return build
+def maca_spec(api: LmdeployApi) -> BufferSpec:
+    """MACA: ``kv_start_indices`` int64 shaped ``(max_batches, 1)``."""
+    return cuda_style_spec("maca", api, kv_start_shape=(BATCH, 1), kv_start_dtype=torch.int64)
 
 
-def needs_metadata_fix(api: LmdeployApi) -> bool:
-    """lmdeploy 0.18's layout (separate host-length fields, ``max_q_seqlen``): the Camb/MACA builders need it."""
-    return api.separate_host_seqlens
+def cuda_style_profile(name: str, build_spec: Callable[[LmdeployApi], BufferSpec]) -> VendorProfile:
+    """The profile of a vendor on lmdeploy's CUDA runner: adopted runner, ``build_spec``'s buffers, 0.18's fix."""
+    return VendorProfile(name=name, build_spec=build_spec,
+                         build_runner=functools.partial(build_adopted_runner, vendor=name),
+                         extra_setup=functools.partial(install_metadata_fix, vendor=name))
 
 
-def install_metadata_fix(activation: patching.Activation, vendor: str) -> None:
-    """On lmdeploy 0.18, make ``<Vendor>OpsBackend.update_step_context`` (lmdeploy's own, unchanged) build
-    0.18's metadata: its ``get_attention_metadata_cls``, which only that method calls, returns
-    :func:`metadata_for_018`. Nothing is installed on 0.16 / 0.17."""
-    if not needs_metadata_fix(lmdeploy_api()):
-        return
-    module = f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend"
+CAMB = cuda_style_profile("camb", camb_spec)
+MACA = cuda_style_profile("maca", maca_spec)
+PROFILES = {"camb": CAMB, "maca": MACA}
 
-    def patch(op_backend_module) -> None:
-        activation.add(metadata_fix_patch(getattr(op_backend_module, f"{vendor.capitalize()}OpsBackend")))
-
-    patching.when_imported(module, patch)
-
-
-def metadata_fix_patch(backend: type) -> patching.Patch:
-    """The patch (not yet applied) that makes ``backend.get_attention_metadata_cls()`` return
-    :func:`metadata_for_018` over its current class."""
-    build = metadata_for_018(backend.get_attention_metadata_cls())
-
-    def get_attention_metadata_cls():
-        return build
-
-    return patching.Patch(backend, "get_attention_metadata_cls", staticmethod(get_attention_metadata_cls))
-
-
-def metadata_fix_installed(backend: type) -> bool:
-    """Whether ``backend``'s metadata class is :func:`metadata_for_018` (vendor_graph's fix is in force)."""
-    return getattr(backend.get_attention_metadata_cls(), "__qualname__", None) == "metadata_for_018"
+__all__ = ["CAMB", "MACA", "PROFILES", "camb_spec", "cuda_style_profile", "cuda_style_spec", "maca_spec"]

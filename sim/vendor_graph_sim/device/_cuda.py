@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from . import _runtime as rt
-from ._torch_npu import _generate_class, generate
+from ._signatures import generate
+from ._torch_npu import _generate_class
 
 _MISSING = object()
 

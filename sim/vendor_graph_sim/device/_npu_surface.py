@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from . import _runtime as rt
+from ._signatures import generate
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SURFACE_FILE = DATA / "torch_npu_surface.json"
@@ -292,8 +293,6 @@ def _check_directory_path_readable(cls: Any, path: Any) -> None:
 
 
 def _build_path_manager(module: types.ModuleType, info: dict[str, Any], manifest: dict[str, Any]) -> None:
-    from ._torch_npu import generate
-
     impls = {"check_directory_path_readable": _check_directory_path_readable}
     for cls_name, spec in info["classes"].items():
         namespace: dict[str, Any] = {"__module__": module.__name__}
@@ -349,16 +348,12 @@ _PACKAGE_IMPLS = {"empty_with_format": _empty_with_format, "npu_fusion_attention
 
 def package_functions() -> dict[str, Callable[..., Any]]:
     """``torch_npu.<function>`` (``empty_with_format``) with the data file's parameter lists."""
-    from ._torch_npu import generate
-
     return {name: generate(name, info["params"], _PACKAGE_IMPLS[name], name, "torch_npu")
             for name, info in surface()["package_functions"].items()}
 
 
 def device_functions() -> dict[str, Callable[..., Any]]:
     """The device-module functions of the data file (``get_soc_version``)."""
-    from ._torch_npu import generate
-
     impls = {"get_soc_version": soc_version, "get_device_properties": device_properties}
     return {name: generate(name, info["params"], impls[name], name, "torch_npu.npu")
             for name, info in surface()["device_module"]["functions"].items()}

@@ -17,7 +17,6 @@ update stream, then records the event.
 
 from __future__ import annotations
 
-import ast
 import copy
 import gc
 import itertools
@@ -35,6 +34,7 @@ from vendor_graph.vendors.ascend.releases import GENERATION_FACTS, GENERATIONS, 
 
 from . import _npu_surface, _tensor
 from . import _runtime as rt
+from ._signatures import generate
 
 _MANIFEST_ENV = "VENDOR_GRAPH_TORCH_NPU_MANIFESTS"
 MANIFESTS = Path(__file__).resolve().parents[1] / "data" / "torch_npu_manifests"
@@ -77,61 +77,6 @@ def resolve(spec: str | None) -> tuple[str, str]:
         return versions[-1], spec
     release = release_of(spec)
     return release.version, release.generation
-
-
-# --------------------------------------------------------------------------------------------------
-# generating functions with the manifest's parameter lists
-
-
-def _param_source(params: list[dict[str, Any]], skip_first: bool = False) -> tuple[str, str, dict[str, Any]]:
-    parts: list[str] = []
-    call: list[str] = []
-    defaults: dict[str, Any] = {}
-    star = False
-    # before a *args parameter, arguments must be passed on by position
-    positional = any(p["kind"] == "var_positional" for p in params)
-    for i, p in enumerate(params):
-        name, kind = p["name"], p["kind"]
-        default = ""
-        if "default" in p:
-            key = f"_default_{i}"
-            try:
-                defaults[key] = ast.literal_eval(p["default"])
-            except ValueError:
-                defaults[key] = None
-            default = f"={key}"
-        if kind == "var_positional":
-            parts.append(f"*{name}")
-            call.append(f"*{name}")
-            star = True
-        elif kind == "var_keyword":
-            parts.append(f"**{name}")
-            call.append(f"**{name}")
-        elif kind == "keyword_only":
-            if not star:
-                parts.append("*")
-                star = True
-            parts.append(name + default)
-            call.append(f"{name}={name}")
-        else:
-            parts.append(name + default)
-            call.append(name if positional and not star else f"{name}={name}")
-        if kind == "positional_only" and (i + 1 == len(params) or params[i + 1]["kind"] != "positional_only"):
-            parts.append("/")
-    return ", ".join(parts), ", ".join(call), defaults
-
-
-def generate(name: str, params: list[dict[str, Any]], impl: Callable[..., Any], qualname: str, module: str
-             ) -> Callable[..., Any]:
-    """A function named ``name`` with exactly ``params`` that forwards every argument by name to ``impl``."""
-    signature, call, defaults = _param_source(params)
-    namespace: dict[str, Any] = {"_impl": impl, **defaults}
-    exec(f"def {name}({signature}):\n    return _impl({call})\n", namespace)  # noqa: S102
-    fn = namespace[name]
-    fn.__qualname__ = qualname
-    fn.__module__ = module
-    fn.__doc__ = f"Simulated {qualname} (parameters from the torch_npu wheel)."
-    return fn
 
 
 def _not_simulated(qualname: str) -> Callable[..., Any]:

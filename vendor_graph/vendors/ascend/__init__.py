@@ -8,7 +8,7 @@ runner serving that step (:mod:`.moe`), so the MoE token count and the graph's b
 attention code registers its captured tasks through :func:`.hook.call_attention`.
 
 Light to import: the profile and the names below are built on first use, so the release table and the other
-facts modules (``releases``, ``seqlen``, ``limits``, ``buckets``) import without torch.
+facts modules (``releases``, ``seqlen``, ``limits``) import without torch.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _setup(activation) -> None:
 @functools.cache
 def _profile() -> Any:
     from ...install.profile import VendorProfile
-    from .buckets import ascend_capture_sizes
+    from ...sizing.buckets import ascend_capture_sizes
     from .spec import ascend_spec
 
     return VendorProfile(name="ascend", build_spec=ascend_spec, build_runner=_build_runner, extra_setup=_setup,

@@ -1,40 +1,10 @@
 """Route dlinfer's Ascend decode attention through :func:`vendor_graph.vendors.ascend.hook.call_attention`.
 
-dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly; dlinfer's own graph
-runner captures them while its ``AscendGraphRunner.capturing`` is set. vendor_graph never sets that flag, so
-unrouted the kernels would be captured with their host KV lengths frozen. That flag set during our capture means
-dlinfer's runner is capturing too and both would record the same task: the wrapper raises.
-
-Checked against the real dlinfer main (a50184e) and dlinfer after its PR #350 (commit ae9862a1, the tests lay its
-changed files over a50184e) on the simulated NPU (tests/realstack), and the simulator's stand-in.
-``torch_npu_ops`` imports both functions by name and looks them up as module globals per call, so every module
-binding them is patched. Where each dlinfer version keeps them, and the kernels they reach:
-
-===========================  ==========================================================================
-dlinfer-ascend 0.2.7 (PyPI)  defined in ``vendor.ascend.attention``, imported into ``vendor.ascend.torch_npu_ops``;
-                             ``atb._npu_paged_attention[_mla](..., context_lens=kv_seq_len, out=)``
-GitHub main a50184e          same; ``decode_attention`` gains ``q_seq_len`` and quantised-KV arguments and
-(0.2.8, 2026-07)             defaults to ``npu.npu_fused_infer_attention_score(..., input_layout="TND",
-                             actual_seq_lengths_kv=kv_seq_len)``; MLA ``atb._npu_paged_attention_mla``;
-                             while dlinfer's runner captures below torch_npu 2.8.0.post1, ATB paged
-                             attention inside a task group (``GraphParams``, ``update_attn_params``);
-                             ``attention`` imports ``AscendGraphRunner`` (the capture flag)
-GitHub main after PR #350    same modules; FIA only: ``decode_attention`` always FIA v1 TND,
-(ae9862a1, 2026-08)          ``decode_attention_mla`` ``torch_npu.npu_fused_infer_attention_score_v2``
-                             (``BNSD_NBSD``, ``actual_seq_kvlen=kv_seq_len``); no task group, no
-                             ``GraphParams``; ``attention`` no longer imports ``AscendGraphRunner`` (the flag
-                             is read from ``ascend_cudagraph``); ``import dlinfer`` runs
-                             ``vendor.ascend.version.ensure_ascend_runtime()``
-older GitHub revisions       both defined in ``vendor.ascend.torch_npu_ops`` (no ``attention`` module)
-===========================  ==========================================================================
-
-:func:`dlinfer_generation` tells the two 2026 generations apart by what the installed dlinfer contains (never a
-version string) and what each means for the torch_npu wheels.
-
-Also: dlinfer's MoE ``apply_mlp`` (more than 1024 experts) takes its host-sync-free path during a vendor_graph
-capture, as under dlinfer's own capture flag (both generations: ``vendor.ascend.moe`` did not change in #350);
-and dlinfer-ascend 0.2.7, which cannot decode with lmdeploy 0.16-0.18 at all, is refused at activation
-(:func:`check_installed`).
+dlinfer's ``decode_attention`` / ``decode_attention_mla`` call the Ascend kernels directly, captured by its own
+runner only while its ``AscendGraphRunner.capturing`` is set; vendor_graph never sets that flag, so unrouted the
+kernels would be captured with their host KV lengths frozen (and that flag set during our capture raises).
+Which dlinfer generation is installed (:func:`dlinfer_generation`), where each keeps those functions and what
+they call: ``docs/upstream.md`` (dlinfer generations). dlinfer-ascend 0.2.7 is refused at activation.
 """
 
 from __future__ import annotations
@@ -135,10 +105,10 @@ def _decode_signature_problem(module: Any) -> str | None:
 # -- which dlinfer generation is here, by what it contains -----------------------------------------------------
 
 VERSION_MODULE = "dlinfer.vendor.ascend.version"
-# ensure_ascend_runtime()'s rule, run at ``import dlinfer`` after PR #350 (dlinfer/vendor/ascend/version.py)
+# ensure_ascend_runtime()'s rule, run at ``import dlinfer`` by a post-#350 dlinfer (docs/upstream.md)
 POST_350_MIN_TORCH = "2.8.0"
 POST_350_MIN_TORCH_NPU = "2.8.0.post1"
-A50184E_TORCH_NPU_PINS = ">=2.3.1,<2.10.0"  # a50184e's requirements/ascend/torch.txt
+A50184E_TORCH_NPU_PINS = ">=2.3.1,<2.10.0"  # what an a50184e-era dlinfer requires (docs/upstream.md)
 _SOURCES = {CUDAGRAPH_MODULE: "framework/lmdeploy_ext/cudagraph/ascend_cudagraph.py",
             VERSION_MODULE: "vendor/ascend/version.py", ATTENTION_MODULE: "vendor/ascend/attention.py"}
 
@@ -164,7 +134,7 @@ def _package_root() -> Path | None:
 
 def _contents(module_name: str, root: Path | None) -> _Contents | None:
     """What ``module_name`` binds: the imported module's namespace when it was imported from a file, else its
-    source under ``root`` read without importing it (``import dlinfer`` needs torch_npu, and after PR #350 it
+    source under ``root`` read without importing it (``import dlinfer`` needs torch_npu, and a post-#350 one
     refuses most of them); None where neither exists."""
     import inspect
 
@@ -340,7 +310,7 @@ class RouteAttention(TorchDispatchMode):
 
 def _dlinfer_capturing(original: Callable[..., Any]) -> bool:
     """Whether dlinfer's own runner is capturing: ``AscendGraphRunner.capturing``, as the attention module binds
-    it (a50184e) or where it lives (``ascend_cudagraph``; after PR #350 ``attention`` no longer imports it)."""
+    it (a50184e-era) or where it lives (``ascend_cudagraph``; a post-#350 ``attention`` no longer imports it)."""
     bound = getattr(original, "__globals__", {}).get("AscendGraphRunner")
     home = getattr(sys.modules.get(CUDAGRAPH_MODULE), "AscendGraphRunner", None)
     return any(bool(getattr(runner, "capturing", False)) for runner in (bound, home) if runner is not None)

@@ -11,8 +11,8 @@ Outside a capture this is a plain call. Inside one (the runner opens a :class:`C
 scope decides per op, from the installed torch_npu, how the task is captured (plain, for
 ``NPUGraph.update``; inside a task group gated by an ``ExternalEvent``, for the task-update path) and
 registers it. The registrations are what the runner checks after capture and updates every step.
-This replaces the reference plugin's process-global "capturing" class flag: the scope is a context
-variable owned by one runner's capture, so two runners (a draft model's) never see each other's.
+The scope is a context variable owned by one runner's capture, not a process-wide flag, so two runners
+(a draft model's) never see each other's.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Ascend capture limits: the ExternalEvent budget of captured graphs, and the ACL capture errors.
 
-Every attention task in a captured Ascend decode graph waits on an ``ExternalEvent`` inside a task group:
-on the task-update path our capture scope creates them (:mod:`vendor_graph.vendors.ascend.hook`), on the
-graph-update path torch_npu's dispatcher does the same for each op it intercepts (torch_npu's
-``_GraphDispatchMode``). They live as long as the graph. So the graphs of one process need
-about ``attention layers x attention ops per layer x graphs`` of them, and the device runs out: capture
-then fails with ACL error 207008 "stream resources are insufficient" (vllm-ascend #9564, #9596, #9691,
-#1168).
-
-:func:`fit_capture_sizes` estimates that need before anything is captured and keeps the capture sizes
-that fit a budget, largest first: a batch above every captured size runs eager (about 7.5x slower in
-vllm-ascend #16049), while a dropped small size only pads up to the next kept one. ``max_batches`` (the
-largest size) is always kept when anything fits.
-
-The budget. The research gives a per-device figure for streams, not events: 2048, of which vllm-ascend
-kept 128 for other use when it capped graphs at 1920 (#1168, #8585); the 310P has a lower event-id
-hardware limit (#6849) with no published number. Whether events and streams draw on one pool is not
-verified on hardware. The default, :data:`DEFAULT_EVENT_BUDGET` = 1920, is that cap applied to events:
-conservative for 910-class devices if they share the pool, possibly too high for 310P.
-``VENDOR_GRAPH_NPU_EVENT_BUDGET`` overrides it (an integer; ``0`` or ``off``: no limit).
-
-:func:`explain_capture_error` turns the known ACL capture error codes into remedies.
+Every attention task of a captured Ascend decode graph holds an ``ExternalEvent`` for the graph's lifetime, and
+past what the device has, capture fails with ACL error 207008. :func:`fit_capture_sizes` keeps the capture sizes
+that fit ``VENDOR_GRAPH_NPU_EVENT_BUDGET`` before anything is captured, largest first;
+:func:`explain_capture_error` turns the known ACL capture error codes into remedies. The budget's default and
+its sources: ``docs/ascend.md`` (Event budget).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...install import patching
 from ...sizing import buckets
-from .buckets import ascend_bucket
+from ...sizing.buckets import ascend_bucket
 
 DLINFER_ASCEND_RUNNER_MODULE = "dlinfer.framework.lmdeploy_ext.cudagraph.ascend_cudagraph"
 ASCEND_OP_BACKEND = ("lmdeploy.pytorch.backends.dlinfer.ascend.op_backend", "AscendOpsBackend")

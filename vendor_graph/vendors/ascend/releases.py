@@ -27,7 +27,7 @@ class Release(NamedTuple):
     version: str  # the PyPI version, = torch_npu.__version__ (some pre-releases spell theirs 2.12.0.rc1)
     generation: str
     build_date: str | None  # release train: zip date of torch_npu/version.py
-    source: str  # "manifest" (read from the wheel) or "research" (research file only)
+    source: str  # "manifest" (read from the wheel) or "research" (from torch_npu's source and notes, no wheel)
 
 
 # --------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from ...runtime import stats, switches
 from ...runtime.key import GraphKey
 from ...runtime.step import CaptureFailed, GraphBackend, StepPolicy
 from ...sizing import buckets, capacity
+from ...sizing.buckets import ascend_capture_sizes
 from . import hook, limits
-from .buckets import ascend_capture_sizes
 from .seqlen import GRAPH_UPDATE, TASK_UPDATE, UPDATES, Capabilities, detect
 from .spec import HOST_KV_SEQLENS
 

@@ -12,7 +12,7 @@ every fill the captured tasks must be refreshed, by one of:
 
 The path is chosen per op from the generation actually present: a feature probe of the installed
 module, checked against the table built from the real wheels (the probe wins when they disagree, and
-says so). The reference plugin's rule (``torch_npu >= 2.8.0.post1`` -> graph-update) is only the
+says so). A version rule (``torch_npu >= 2.8.0.post1`` -> graph-update, docs/ascend.md) is only the
 fallback for releases the table does not know. ``VENDOR_GRAPH_SEQLEN_UPDATE`` forces a path.
 """
 
@@ -37,7 +37,7 @@ GRAPH_UPDATE = "graph-update"
 TASK_UPDATE = "task-update"
 NO_UPDATE = "none"
 PATHS = (GRAPH_UPDATE, TASK_UPDATE, NO_UPDATE)
-# The reference plugin's gate, kept only as the fallback for releases outside the table.
+# The version gate, kept only as the fallback for releases outside the table (docs/ascend.md).
 FALLBACK_MIN_GRAPH_UPDATE = Version("2.8.0.post1")
 
 
@@ -102,7 +102,7 @@ def _installed_torch_npu_version() -> str | None:
 
 def seqlen_update_path(version: str | None = None) -> str:
     """The path for standard FIA decode on a torch_npu release (None: the installed one, read from
-    package metadata without importing torch_npu). Unknown releases use the reference version rule;
+    package metadata without importing torch_npu). Unknown releases use the fallback version rule;
     malformed strings give ``"none"``, never an exception."""
     if version is None:
         version = _installed_torch_npu_version()
@@ -182,7 +182,7 @@ def detect(npu_module: Any, version: str | None) -> Capabilities:
             return Capabilities(version, table_gen, dict(table), "table")
     # Disagreement: the oldest generation with the probed features supplies the op rules (it
     # intercepts the fewest ops, so no op is wrongly trusted to graph.update; the post-capture
-    # check catches the rest). Unknown release: the reference version rule decides whether the
+    # check catches the rest). Unknown release: the fallback version rule decides whether the
     # newest matching generation's rules apply, as documented.
     matches = [g for g, f in releases.GENERATION_FACTS.items() if all(f[k] == probed[k] for k in _PROBED_KEYS)]
     generation = None
@@ -208,8 +208,7 @@ class UpdateOwner:
     any thread) refreshes its graphs' tasks inside ``with UPDATES:``, one refresh at a time.
 
     torch_npu keeps one open task update per process on the device side: with two threads updating at once,
-    ``graph_task_update_begin`` fails (torch_npu 2.10.0.post2, CANN 9.0.1; reported in sglang-omni PR #2160,
-    where every update is serialised behind one lock). ``NPUGraph.update`` re-issues through the same calls.
+    ``graph_task_update_begin`` fails (docs/ascend.md). ``NPUGraph.update`` re-issues through the same calls.
     """
 
     def __init__(self) -> None:
@@ -225,3 +224,26 @@ class UpdateOwner:
 
 
 UPDATES = UpdateOwner()
+
+
+# -- the release -> path table (``vendor-graph paths``, docs/ascend.md, ``doctor``) --------------------------
+
+
+def seqlen_ops() -> list[tuple[str, AttentionOp, str]]:
+    """(column name, attention op, overload) of the seq-len path table (and of ``doctor``)."""
+    return [("FIA `.default`", FIA, ".default"), ("FIA `.out`", FIA, ".out"), ("FIA v2 `.out`", FIA_V2, ".out"),
+            ("paged attention", PAGED_ATTENTION, ".default"), ("MLA `.out`", MLA, ".out"),
+            ("paged attention MLA", PAGED_ATTENTION_MLA, ".default")]
+
+
+def seqlen_path_table() -> str:
+    """Markdown: every torch_npu release and pre-release of the table -> the seq-len update path per attention op."""
+    ops = seqlen_ops()
+    lines = ["| torch_npu | generation | " + " | ".join(name for name, _, _ in ops) + " |",
+             "|---|---|" + "---|" * len(ops)]
+    rows = sorted((*releases.RELEASES, *releases.PRERELEASES), key=lambda r: (r.generation, Version(r.version)))
+    for release in rows:
+        facts = releases.GENERATION_FACTS[release.generation]
+        lines.append(f"| {release.version} | {release.generation} | "
+                     + " | ".join(path_for(facts, op, overload) for _, op, overload in ops) + " |")
+    return "\n".join(lines)

@@ -89,6 +89,6 @@ def clear_graph_params() -> None:
 
 def get_ascend_compatible_size(n: int) -> int:
     # dlinfer's rule equals vendor_graph's Ascend bucket for 1..2048 (checked against dlinfer main).
-    from vendor_graph.vendors.ascend.buckets import ascend_bucket
+    from vendor_graph.sizing.buckets import ascend_bucket
 
     return ascend_bucket(n)
