@@ -650,13 +650,14 @@ def table(results: list[dict]) -> list[str]:
 
 def vendor_graph_provenance() -> dict[str, Any]:
     """Which vendor_graph was measured: its folder, the repository's HEAD and uncommitted files under it,
-    the call the arm makes, and a hash of ``buffers.py``."""
+    the call the arm makes, and a hash of the ``vendor_graph/buffers/`` sources."""
     import vendor_graph
     import vendor_graph.buffers as buffers
 
     package = Path(vendor_graph.__file__).resolve().parent
     out: dict[str, Any] = {"path": str(package),
-                           "buffers_py_sha256": hashlib.sha256(Path(buffers.__file__).read_bytes()).hexdigest(),
+                           "buffers_py_sha256": hashlib.sha256(b"".join(
+                               p.read_bytes() for p in sorted(Path(buffers.__file__).parent.glob("*.py")))).hexdigest(),
                            "call": "fill(meta, inputs, attn, context) + bind_context(meta, context)"
                            if fill_takes_context(next(iter(_common.specs().values())))
                            else "fill(meta, inputs, attn) + bind_context(meta, context)"}

@@ -68,12 +68,12 @@ MUTATIONS = (
         "",
         (f"{ASCEND_PARITY}[fia-G5]", f"{ASCEND_PARITY}[fia-G1]")),
     Mutation(
-        "block table left out of the attention bind step", "fields.py",
+        "block table left out of the attention bind step", "buffers/fields.py",
         'bind=(Ref.attn("block_offsets"), Ref.context("block_offsets")))',
         'bind=(Ref.context("block_offsets"),))',
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
-        "padding tail of an earlier larger batch not reset", "buffers.py",
+        "padding tail of an earlier larger batch not reset", "buffers/fill.py",
         "                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))\n",
         "                pass\n",
         (f"{ASCEND_PARITY}[fia-G5]",)),
@@ -135,13 +135,13 @@ MUTATIONS = (
         'BufferField("kv_seqlens", (BATCH,), torch.int32, pad=1, source=Ref.attn("kv_seqlens"),',
         (f"{PARITY}::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",), needs="camb"),
     Mutation(
-        "padding: block-table rows of padding point at block 1, not reserved block 0", "fields.py",
+        "padding: block-table rows of padding point at block 1, not reserved block 0", "buffers/fields.py",
         'return BufferField("block_offsets", (BATCH, BLOCKS), torch.int32, pad=0,',
         'return BufferField("block_offsets", (BATCH, BLOCKS), torch.int32, pad=1,',
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "an 'inputs changed' refusal swallowed: a graph replays ignoring inputs_embeds it was captured without",
-        "buffers.py",
+        "buffers/fill.py",
         "            if src is not None:\n                raise GraphInputsChanged(\n"
         "                    f\"{self.vendor} graph for batch {state.dims.batch} was captured without {f.source}, \"",
         "            if src is not None and False:\n                raise GraphInputsChanged(\n"

@@ -423,13 +423,13 @@ def test_multi_token_decode_pads_per_token_fields_over_the_graphs_tokens(name):
 
 
 def test_a_torch_without_foreach_copy_falls_back_to_per_buffer_copies(monkeypatch, caplog):
-    from vendor_graph import buffers
+    from vendor_graph.buffers import copies
 
     def missing(*args, **kwargs):
         raise NotImplementedError("Could not run 'aten::_foreach_copy_' with arguments from the 'X' backend")
 
     monkeypatch.setattr(torch, "_foreach_copy_", missing)
-    monkeypatch.setattr(buffers, "_NO_FOREACH", set())
+    monkeypatch.setattr(copies, "_NO_FOREACH", set())
     name, spec = "maca-0.17", SPECS["maca-0.17"]
     meta, *_ = capture(spec, name, graph_batch=8, batch=6, blocks=5, seed=1)
     step(spec, meta, name, batch=2, blocks=1, seed=2)
@@ -516,7 +516,7 @@ def test_on_cuda_the_fast_fill_copies_in_one_call_per_dtype_group():
     """torch's CUDA ``_foreach_copy_`` makes one kernel of a call only when every pair is dense with equal
     strides and the call has one source and one destination dtype: the program groups its pairs so, and
     makes expanded pad values dense; a 2-D slice of a wider block table goes in a call of its own."""
-    from vendor_graph.buffers import _device_calls
+    from vendor_graph.buffers.fast import _device_calls
 
     ids, table, slots = torch.zeros(1, 8, dtype=torch.int64), torch.zeros(8, 6, dtype=torch.int32), \
         torch.zeros(8, dtype=torch.int32)

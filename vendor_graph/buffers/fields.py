@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferField, GraphDims, Ref
+from .declare import BATCH, BATCH_PLUS_ONE, BLOCKS, SOURCE, TOKENS, BufferField, GraphDims, Ref
 
 
 def query_lens(dims: GraphDims) -> list[int]:
@@ -48,7 +48,7 @@ def model_input_fields() -> tuple[BufferField, ...]:
                     source=Ref.kwarg("mrope_position_ids"),
                     bind=(Ref.kwarg("mrope_position_ids"), Ref.context("mrope_position_ids")),
                     required=_mrope_required),
-        # lmdeploy reserves SSM state 0 for padding (#4157); 0 is safe for kernels that do not skip -1.
+        # SSM state 0 is lmdeploy's padding state (docs/buffers.md); kernels that do not skip -1 take it safely.
         BufferField("state_ids", (BATCH,), torch.int64, pad=0,
                     source=Ref.kwarg("state_ids"),
                     bind=(Ref.kwarg("state_ids"), Ref.context("state_offsets")),
@@ -57,7 +57,7 @@ def model_input_fields() -> tuple[BufferField, ...]:
 
 
 def block_table_field() -> BufferField:
-    # Block 0 is reserved for padding by lmdeploy (>= 0.13): padding rows read only that block.
+    # Block 0 is lmdeploy's padding block (docs/buffers.md): padding rows read only that block.
     return BufferField("block_offsets", (BATCH, BLOCKS), torch.int32, pad=0,
                        source=Ref.attn("block_offsets"),
                        bind=(Ref.attn("block_offsets"), Ref.context("block_offsets")))
