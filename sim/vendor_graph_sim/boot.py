@@ -57,8 +57,10 @@ def _parse(spec: str) -> tuple[str | None, str | None]:
     from vendor_graph.config import settings
     from vendor_graph.vendors.ascend.releases import GENERATIONS
 
+    from .variables import SIM_SWITCH
+
     try:
-        value = settings.TOOLING[ENV].parse(spec)
+        value = SIM_SWITCH.parse(spec)
     except settings.SettingsError as exc:
         raise SimSwitchError(str(exc)) from None
     return (value, None) if value in GENERATIONS else (None, value)
@@ -123,10 +125,10 @@ def stage(root: Path) -> Path:
 
 
 def dlinfer_source() -> Path | None:
-    """The dlinfer source tree to stage: ``VENDOR_GRAPH_DLINFER_SRC`` (validated by vendor_graph's settings)."""
-    from vendor_graph.config import settings
+    """The dlinfer source tree to stage: ``VENDOR_GRAPH_DLINFER_SRC`` (validated by its declaration)."""
+    from .variables import dlinfer_src
 
-    root = settings.declared("dlinfer_src").parse(os.environ.get(settings.variable("dlinfer_src")))
+    root = dlinfer_src()
     return Path(root) if root is not None else None
 
 

@@ -295,11 +295,10 @@ def _switch_on(release: str) -> None:
 def _dlinfer_source() -> str:
     """Where the engine's dlinfer comes from: ``VENDOR_GRAPH_DLINFER_SRC`` or an installed dlinfer (never the
     test stand-in); :class:`UsageError` naming how to provide one when there is none."""
-    from vendor_graph.config import settings
-
     from . import standins
+    from .variables import dlinfer_src
 
-    root = settings.load().dlinfer_src
+    root = dlinfer_src()
     if root is not None:
         return f"source checkout {root}"
     spec = importlib.util.find_spec("dlinfer")

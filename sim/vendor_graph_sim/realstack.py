@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from vendor_graph.config import settings
-
 from . import boot, standins
 from .boot import pinned_release  # noqa: F401  (re-exported: the tests, the demo and the benchmarks name it)
+from .variables import DLINFER_SRC, dlinfer_src
 
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
 BLOCK_SIZE = 16
@@ -56,7 +55,7 @@ class DlinferUnavailable(RuntimeError):
     """No dlinfer to run: neither ``VENDOR_GRAPH_DLINFER_SRC`` nor an installed ``dlinfer``."""
 
 
-HOW_TO_PROVIDE = (f"set {settings.variable('dlinfer_src')} to a dlinfer source checkout (the folder holding "
+HOW_TO_PROVIDE = (f"set {DLINFER_SRC.name} to a dlinfer source checkout (the folder holding "
                   f"dlinfer/__init__.py), or install dlinfer")
 
 # -- dlinfer ------------------------------------------------------------------------------------------------
@@ -66,7 +65,7 @@ def dlinfer_origin() -> tuple[str, Path | None]:
     """(how dlinfer is provided, the source root to stage) -- ``("source", root)`` from the setting,
     ``("installed", None)``, or :class:`DlinferUnavailable`. A setting given but unusable raises
     :class:`~vendor_graph.config.settings.SettingsError` (never a skip)."""
-    root = settings.load().dlinfer_src
+    root = dlinfer_src()
     if root is not None:
         return "source", Path(root)
     found = importlib.util.find_spec("dlinfer")

@@ -31,8 +31,7 @@ import pytest
 from once_per_run import newest_release_only
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-from vendor_graph.config import settings
+from vendor_graph_sim.variables import DLINFER_SRC
 
 pytestmark = newest_release_only
 
@@ -259,7 +258,7 @@ def dlinfer_src(dlinfer_available) -> Path:
     origin, root = dlinfer_available
     if root is None:
         pytest.skip(f"dlinfer is installed in this environment, not in the fresh virtualenv: set "
-                    f"{settings.variable('dlinfer_src')} to a dlinfer checkout")
+                    f"{DLINFER_SRC.name} to a dlinfer checkout")
     return Path(root).resolve()
 
 

@@ -42,6 +42,8 @@ def test_the_simulator_wheel_carries_its_data_and_the_demo(wheels):
     assert "vendor_graph_sim/data/standins/dlinfer/__init__.py" in names
     entry_points = wheel.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[vendor_graph.commands]\ndemo = vendor_graph_sim.demo:add_command" in entry_points
+    assert ("[vendor_graph.variables]\nsimulator = vendor_graph_sim.variables:SIMULATOR\n"
+            "test-harness = vendor_graph_sim.variables:TEST_HARNESS") in entry_points
 
 
 def _from_the_wheels(wheels, tmp_path, argv: list[str], **env_changes: str) -> subprocess.CompletedProcess:

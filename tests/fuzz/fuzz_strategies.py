@@ -71,7 +71,7 @@ def setting_values(name: str) -> st.SearchStrategy:
     """Values for the variable ``name``: ones of its kind, near misses and junk."""
     from vendor_graph.config import settings
 
-    kind = settings.KNOWN[name].kind if name in settings.KNOWN else None
+    kind = getattr(settings.declaration(name), "kind", None)
     own = {
         "Flag": FLAG_TEXT, "Whole": NUMBER_TEXT, "Number": NUMBER_TEXT, "SizeList": SIZE_TEXT,
         "Bytes": BYTES_TEXT,

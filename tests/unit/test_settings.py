@@ -47,7 +47,7 @@ def _error(**env: str) -> SettingsError:
 
 @pytest.mark.parametrize("name", FLAGS)
 def test_every_boolean_takes_every_spelling_in_any_case_with_spaces(name):
-    field = settings.KNOWN[name].field
+    field = settings.SETTINGS[name].field
     for words, expected in ((TRUE_WORDS, True), (FALSE_WORDS, False)):
         for word in words:
             for text in (word, word.upper(), word.capitalize(), f"  {word}\t"):
@@ -231,10 +231,15 @@ def _names_in(paths) -> dict[str, set[str]]:
 
 
 def test_every_name_the_runtime_reads_is_a_declared_setting():
-    runtime = [p for p in SOURCE.rglob("*.py")
-               if "testing" not in p.relative_to(SOURCE).parts and p != SOURCE / "settings.py"]
+    declarations = SOURCE / "config" / "settings.py"
+    runtime = [p for p in SOURCE.rglob("*.py") if "testing" not in p.relative_to(SOURCE).parts and p != declarations]
     unknown = {n: w for n, w in _names_in(runtime).items() if n not in settings.SETTINGS}
     assert not unknown, unknown
+    # the declarations themselves: the runtime's settings, the names it sets for itself, and the simulator's
+    # switch, which the CLI and the doctor name (vendor-graph-sim declares it)
+    own = set(settings.SETTINGS) | set(settings.INTERNAL) | {settings.SIM_SWITCH}
+    assert set(_names_in([declarations])) <= own, set(_names_in([declarations])) - own
+    assert settings.declaration(settings.SIM_SWITCH).scope == "simulator"
 
 
 def test_every_name_in_the_repository_is_known_to_the_registry():
@@ -243,12 +248,99 @@ def test_every_name_in_the_repository_is_known_to_the_registry():
     files = [p for d in folders if (ROOT / d).is_dir()
              for p in (ROOT / d).rglob("*") if p.is_file() and (p.suffix in suffixes or p.parent.name == ".ci")]
     files += [p for p in ROOT.glob("*") if p.is_file() and p.suffix in suffixes]
-    unknown = {n: w for n, w in _names_in(files).items() if n not in settings.KNOWN and n not in MISSPELT}
+    known = settings.known()
+    unknown = {n: w for n, w in _names_in(files).items() if n not in known and n not in MISSPELT}
     assert not unknown, unknown
-    assert settings.KNOWN["VENDOR_GRAPH_TORCH_NPU_MANIFESTS"].scope == "simulator"
-    assert {settings.KNOWN[n].scope for n in ("VENDOR_GRAPH_NETWORK_TESTS", "VENDOR_GRAPH_WHEEL_CACHE",
-                                                "VENDOR_GRAPH_VENV", "VENDOR_GRAPH_SKIP_OLDEST_TORCH",
-                                                "VENDOR_GRAPH_LMDEPLOY_VERSIONS")} == {"tooling"}
+    assert known["VENDOR_GRAPH_TORCH_NPU_MANIFESTS"].scope == "simulator"
+    assert {known[n].scope for n in ("VENDOR_GRAPH_NETWORK_TESTS", "VENDOR_GRAPH_WHEEL_CACHE",
+                                     "VENDOR_GRAPH_VENV", "VENDOR_GRAPH_SKIP_OLDEST_TORCH",
+                                     "VENDOR_GRAPH_LMDEPLOY_VERSIONS")} == {"tooling"}
+
+
+# -- the simulator's and the test harness's variables, declared by vendor-graph-sim ----------------------------
+
+
+def test_the_harness_names_are_declared_by_the_simulator_package_not_the_runtime():
+    from vendor_graph_sim import variables
+
+    elsewhere = settings.declared_elsewhere()
+    assert set(elsewhere) == {s.name for s in variables.SIMULATOR + variables.TEST_HARNESS}
+    assert not set(elsewhere) & (set(settings.SETTINGS) | set(settings.INTERNAL))
+    assert {s.scope for s in variables.SIMULATOR} == {"simulator"}
+    assert {s.scope for s in variables.TEST_HARNESS} == {"tooling"}
+    assert all(s.meaning for s in elsewhere.values())
+    assert settings.INTERNAL[settings.WORKER_REPORTS].meaning.startswith("set by vendor_graph")
+
+
+def test_the_harness_names_are_looked_up_only_for_a_name_the_runtime_does_not_declare():
+    code = """
+        import sys
+        from vendor_graph.config import settings
+        assert settings.unknown({"VENDOR_GRAPH_SHADOW": "1", "VENDOR_GRAPH_WORKER_REPORTS": "/tmp"}) == []
+        assert settings._elsewhere is None and "importlib.metadata" not in sys.modules, "looked up too early"
+        assert settings.unknown({"VENDOR_GRAPH_FUZZ_EXAMPLES": "3"}) == []
+        print(sorted(m for m in sys.modules if m.startswith("vendor_graph_sim")))
+    """
+    proc = _child(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['vendor_graph_sim', 'vendor_graph_sim.variables']"
+
+
+def test_activation_knows_the_harness_names_and_names_them_for_a_misspelling(monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setattr(settings, "_warned_unknown", set())
+    misspelt = settings.PREFIX + "FUZZ_EXAMPLE"  # built: the registry test reads the names written out
+    env = {"VENDOR_GRAPH_FUZZ_EXAMPLES": "3", "VENDOR_GRAPH_SIM": "G5", "VENDOR_GRAPH_DLINFER_SRC": "/nowhere",
+           misspelt: "3"}
+    caplog.set_level(logging.WARNING, logger="vendor_graph")
+    assert settings.warn_unknown(env) == [
+        f"{misspelt} is not a vendor_graph setting and does nothing (a typo?); did you mean "
+        f"VENDOR_GRAPH_FUZZ_EXAMPLES?"]
+    assert settings.parse(env) == settings.Settings()  # a harness name is no runtime setting, its value unread
+
+
+def test_the_doctor_lists_the_harness_names_with_their_values():
+    lines = dict(_doctor({"VENDOR_GRAPH_SIM": "g5", "VENDOR_GRAPH_FUZZ_EXAMPLES": "3",
+                          "VENDOR_GRAPH_DLINFER_SRC": "/nowhere", "VENDOR_GRAPH_WORKER_REPORTS": "/tmp/r"}))
+    assert lines["VENDOR_GRAPH_FUZZ_EXAMPLES=3  (tooling, not read by the runtime: examples each fuzz test "
+                 "(tests/fuzz) runs (default 80))"] is False
+    assert lines["VENDOR_GRAPH_SIM=g5  (simulator, not read by the runtime: the simulator switch: every interpreter "
+                 "sees the simulated NPU of this torch_npu generation or release from its start "
+                 "(vendor_graph_sim.boot))"] is False
+    assert lines["VENDOR_GRAPH_WORKER_REPORTS=/tmp/r  (set by vendor_graph in lmdeploy's spawned workers: the folder "
+                 "where a worker that dies leaves its error for the parent (vendor_graph.install.workers))"] is False
+    problems = [t for t, p in lines.items() if p]
+    assert len(problems) == 1 and problems[0].startswith(
+        "VENDOR_GRAPH_DLINFER_SRC='/nowhere': expected a directory holding dlinfer/__init__.py"), problems
+    assert settings.readings({"VENDOR_GRAPH_SIM": "g5"})[0].value == "G5"  # the doctor's simulated torch_npu
+
+
+def test_a_package_whose_declarations_do_not_load_is_logged_not_raised(monkeypatch, caplog):
+    import logging
+    from importlib import metadata
+
+    class Broken:
+        value = "elsewhere.variables:BROKEN"
+
+        def load(self):
+            raise ImportError("no module named elsewhere")
+
+    class Odd:
+        value = "elsewhere.variables:ODD"
+
+        def load(self):
+            return ("not a Setting", settings.Setting("VENDOR_GRAPH_SHADOW", "a second declaration"),
+                    settings.Setting(settings.PREFIX + "ELSEWHERE", "a new one", scope="tooling"))
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [Broken(), Odd()])
+    monkeypatch.setattr(settings, "_elsewhere", None)
+    caplog.set_level(logging.WARNING, logger="vendor_graph")
+    assert list(settings.declared_elsewhere()) == [settings.PREFIX + "ELSEWHERE"]
+    assert settings.declaration("VENDOR_GRAPH_SHADOW") is settings.SETTINGS["VENDOR_GRAPH_SHADOW"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3 and "elsewhere.variables:BROKEN" in messages[0] and "ImportError" in messages[0]
+    assert "'not a Setting'" in messages[1] and "VENDOR_GRAPH_SHADOW" in messages[2]
 
 
 # -- where the settings are parsed ------------------------------------------------------------------------
