@@ -132,8 +132,8 @@ def _targets(runner: Any) -> list[tuple[Any, str, str]]:
     policy = getattr(runner, "policy", None)
     if policy is not None:  # vendor_graph's adopted runner
         import vendor_graph.install.patching as patching
+        import vendor_graph.runtime.counters as counters
         import vendor_graph.runtime.faults as faults
-        import vendor_graph.runtime.stats as stats
 
         out += [(policy, "step", "vg StepPolicy.step (own)"),
                 (patching, "ensure_owned", "vg patching.ensure_owned"),
@@ -144,7 +144,7 @@ def _targets(runner: Any) -> list[tuple[Any, str, str]]:
                 (runner, "has_graph", "vg has_graph"),
                 (policy.guard, "check", "vg guard.check (stale graph)"),
                 (faults, "StepMetadata", "vg faults.StepMetadata (own)"),
-                (stats, "profile_range", "vg stats.profile_range"),
+                (counters, "profile_range", "vg stats.profile_range"),
                 (policy.stats, "replayed", "vg stats.replayed"),
                 (policy.shadow, "due", "vg shadow.due"),
                 (runner, "replay", "vg adopted replay -> lmdeploy __call__ (own)")]

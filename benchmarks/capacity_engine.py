@@ -49,7 +49,7 @@ first output / (first first-output to last last-output); TPOT = median over requ
 (last output time - first output time) / (tokens - tokens of the first output); TTFT; wall. The greedy
 tokens of every request (default and fitted must agree: padding rows never touch real rows; a batch's
 composition can still differ between runs, so the report compares runs of one mode too). vendor_graph's
-counters in process (``vendor_graph.runtime.stats.live_runners()``), the measured workload only (bucket counters
+counters in process (``vendor_graph.runtime.counters.live_runners()``), the measured workload only (bucket counters
 snapshot before it and subtracted): replays, real / padded tokens and padded fraction per bucket, graphs
 captured, sizes never replayed, eager steps, capture failures; then ``write_stats_file(reason="on demand")``
 (``os._exit`` skips atexit) and its document is embedded.
@@ -342,7 +342,7 @@ def engine_facts(engine) -> dict:
 
 def _runners() -> list:
     try:
-        from vendor_graph.runtime.stats import live_runners
+        from vendor_graph.runtime.counters import live_runners
     except ImportError:
         return []
     return [r for r in live_runners() if getattr(r, "stats", None) is not None]
@@ -438,14 +438,14 @@ def graph_section(runners: list, before: dict, after: dict) -> dict:
 
 
 def stats_document() -> dict:
-    """``vendor_graph.runtime.stats.write_stats_file(reason="on demand")`` and the document it wrote."""
+    """``vendor_graph.ops.reports.write_stats_file(reason="on demand")`` and the document it wrote."""
     try:
-        from vendor_graph.runtime import stats as vg_stats
+        from vendor_graph.ops import reports as vg_reports
     except ImportError as exc:
         return {"error": repr(exc)}
-    write = getattr(vg_stats, "write_stats_file", None)
+    write = getattr(vg_reports, "write_stats_file", None)
     if write is None:
-        return {"error": "vendor_graph.runtime.stats has no write_stats_file"}
+        return {"error": "vendor_graph.ops.reports has no write_stats_file"}
     try:
         path = write(reason="on demand")
     except Exception as exc:  # noqa: BLE001
@@ -694,7 +694,7 @@ def _fake_graph_section(hist: dict[int, int], sizes: list[int], source: str) -> 
 
 
 def _fake_stats_doc(hist: dict[int, int], sizes: list[int], source: str) -> dict:
-    """A stats document in the schema of vendor_graph.runtime.stats (format vendor_graph.stats/1)."""
+    """A stats document in the schema of vendor_graph.ops.reports (format vendor_graph.stats/1)."""
     buckets = _fake_buckets(hist, sizes)
     real = sum(v["real_tokens"] for v in buckets.values())
     graph = sum(v["padded_tokens"] for v in buckets.values())
@@ -821,7 +821,7 @@ def preflight() -> int:
         return 1
     missing = []
     for module, name in (("vendor_graph.sizing.capacity", None), ("vendor_graph.sizing.planning", "fit_sizes"),
-                         ("vendor_graph.runtime.stats", "write_stats_file")):
+                         ("vendor_graph.ops.reports", "write_stats_file")):
         try:
             mod = __import__(module, fromlist=["_"])
         except ImportError as exc:

@@ -35,7 +35,7 @@ def main(model_dir: str, out: str) -> int:
     from lmdeploy.pytorch.engine import Engine
 
     import vendor_graph.cuda  # noqa: F401  (before lmdeploy builds its engine)
-    from vendor_graph.runtime.stats import live_runners
+    from vendor_graph.runtime.counters import live_runners
 
     cfg = PytorchEngineConfig(device_type="cuda", max_batch_size=16, cache_max_entry_count=0.05,
                               session_len=1024, dtype="bfloat16")

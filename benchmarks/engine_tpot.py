@@ -153,7 +153,7 @@ def run(mode: str, model_dir: str, out: str, repeats: int) -> None:
                   file=sys.stderr, flush=True)
         if mode == "vendor":
             from vendor_graph.install import patching
-            from vendor_graph.runtime.stats import live_runners
+            from vendor_graph.runtime.counters import live_runners
 
             runners = live_runners()
             result["vendor_graph"] = {

@@ -79,7 +79,7 @@ MARKER = re.compile(r"^<!-- sample: ([\w.-]+) -->$", re.M)
 
 TIMES = (
     (re.compile(r"\b\d+\.\d+ (ms|s)\b"), r"<t> \1"),
-    # the "capture s" column of vendor_graph.runtime.stats' table: after the waste percentage
+    # the "capture s" column of vendor_graph.runtime.counters' table: after the waste percentage
     (re.compile(r"^(\s*\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\.\d%\s+)\d+\.\d+(?= )", re.M), r"\1<t>"),
     (re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\b"), "<timestamp>"),
     (re.compile(r"\b(pid)([ =:]+)\d+\b"), r"\1\2<pid>"),

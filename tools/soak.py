@@ -222,7 +222,7 @@ def _where(workers: int) -> str:
 
 def _write_record(path: Path, record: dict) -> None:
     """The record as JSON (atomically), with the versions it ran on and when it was last written."""
-    from vendor_graph.runtime.stats import write_atomic
+    from vendor_graph.ops.reports import write_atomic
 
     record.update(lmdeploy=metadata.version("lmdeploy"), torch=metadata.version("torch"),
                   python=platform.python_version(), updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -207,7 +207,7 @@ def _tiny_demo(args: argparse.Namespace) -> int:
         print(f"Step times {'on the GPU' if real else 'on the simulator'} (median of {len(times['graph'])}; graph "
               f"includes its capture steps): eager {median['eager']:.2f} ms, graph {median['graph']:.2f} ms")
     runner = pair.runner
-    print("\nGraph stats (vendor_graph.runtime.stats)")
+    print("\nGraph stats (vendor_graph.runtime.counters)")
     print(runner.stats.summary())
     seqlen_path = None
     if vendor == "ascend":
@@ -396,7 +396,7 @@ class _Served:
 
     graph: engine.EngineRun
     eager: engine.EngineRun
-    summary: str | None  # the runner's stats table (vendor_graph.runtime.stats), None without a vendor_graph runner
+    summary: str | None  # the runner's stats table (vendor_graph.runtime.counters), None without a vendor_graph runner
     sizes: list[int]  # its capture sizes
     seqlen_path: str | None
     updates: str  # what the simulator counted of the seq-len updates
@@ -463,7 +463,7 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
 
 def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> _Served:
     """``load`` through lmdeploy's pipeline in graph mode, then with ``eager_mode=True``, on one checkpoint."""
-    from vendor_graph.runtime import stats
+    from vendor_graph.runtime import counters
 
     from . import device as sim
 
@@ -474,7 +474,7 @@ def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> 
         graph = engine.run(checkpoint, graph=True, **kwargs)
         seqlen_path, updates = _seqlen_updates(by_op, dict(sim.counters.by_op))
         # The only runner so far: the eager run's, built next with the same capture plan, would merge into it.
-        record = max(stats.runs(), key=lambda r: r.stats.decode_steps, default=None)
+        record = max(counters.runs(), key=lambda r: r.stats.decode_steps, default=None)
         print(f"graph mode (vendor_graph.ascend): {_requests(graph.tokens)}, {graph.token_count} tokens in "
               f"{graph.seconds:.1f} s", flush=True)
         eager = engine.run(checkpoint, graph=False, **kwargs)
@@ -503,7 +503,7 @@ def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
     if served.problems:
         print(f"FAIL: {'; '.join(served.problems)}")
 
-    print(f"\nGraph stats of the graph-mode run (vendor_graph.runtime.stats): {graph.captures} captures, "
+    print(f"\nGraph stats of the graph-mode run (vendor_graph.runtime.counters): {graph.captures} captures, "
           f"{graph.replays} replays")
     print(served.summary or "(no vendor_graph runner ran)")
     batches = sorted((int(b), n) for b, n in graph.histogram.items())
@@ -553,12 +553,12 @@ def _stats_table(document: dict[str, Any]) -> str:
     """The stats file's buckets and eager steps as vendor_graph's summary prints them."""
     from collections import Counter
 
-    from vendor_graph.runtime import stats
+    from vendor_graph.runtime import counters
 
-    names = [f.name for f in dataclasses.fields(stats.BucketStats)]
-    buckets = {int(size): stats.BucketStats(**{k: v for k, v in b.items() if k in names})
+    names = [f.name for f in dataclasses.fields(counters.BucketStats)]
+    buckets = {int(size): counters.BucketStats(**{k: v for k, v in b.items() if k in names})
                for size, b in document.get("buckets", {}).items()}
-    return stats.GraphStats(buckets=buckets, eager_steps=Counter(document.get("eager_steps", {}))).summary()
+    return counters.GraphStats(buckets=buckets, eager_steps=Counter(document.get("eager_steps", {}))).summary()
 
 
 def _serve_demo(args: argparse.Namespace, model: str) -> int:

@@ -205,9 +205,9 @@ def _environment(**values: str) -> Iterator[None]:
 
 def _worker_stats(base: Path) -> list[dict[str, Any]]:
     """The stats files lmdeploy's workers wrote at exit for ``base`` (one per rank), by rank."""
-    from vendor_graph.runtime import stats
+    from vendor_graph.sizing.workload import stats_files
 
-    documents = [json.loads(path.read_text()) for path in stats.stats_files(base)]
+    documents = [json.loads(path.read_text()) for path in stats_files(base)]
     return sorted(documents, key=lambda d: d.get("rank", 0))
 
 
@@ -233,7 +233,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
     from lmdeploy import GenerationConfig, PytorchEngineConfig, pipeline
 
     import vendor_graph
-    from vendor_graph.runtime import stats
+    from vendor_graph.ops import reports
 
     from . import device as sim
 
@@ -265,7 +265,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
             record.num_blocks = int(getattr(getattr(agent, "cache_config", None), "num_gpu_blocks", 0) or 0)
             record.vendor_graph_active = vendor_graph.active_vendor() is not None
             if runner is not None and hasattr(runner, "stats"):
-                _record_runner(record, stats.runner_document(runner), runner.stats.captures, runner.stats.replays,
+                _record_runner(record, reports.runner_document(runner), runner.stats.captures, runner.stats.replays,
                                runner.stats.eager_steps)
             elif not in_workers:
                 record.replays = sim.counters.replays - replays_before

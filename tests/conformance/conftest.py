@@ -69,9 +69,9 @@ def _no_device_work_carried_over():
 def _own_stats_registry(monkeypatch):
     """The stats registry keeps every runner of the process, gone ones too (a closed pipeline's): each test's
     summaries and stats file report the runners it built, not those of earlier tests."""
-    from vendor_graph.runtime import stats
+    from vendor_graph.runtime import counters
 
-    monkeypatch.setattr(stats, "_REGISTRY", stats._Registry())
+    monkeypatch.setattr(counters, "_REGISTRY", counters._Registry())
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from packaging.version import Version
 from vendor_graph_sim import harness
 
-from vendor_graph.runtime import stats
+from vendor_graph.ops import reports
 from vendor_graph.sizing import capacity
 from vendor_graph.sizing.capacity import CapturePlanError
 from vendor_graph.upstream import compat
@@ -105,7 +105,7 @@ def test_plan_auto_carries_the_fitted_sizes_over_a_restart(vendor, monkeypatch, 
     assert any("no stats file" in r.getMessage() and "a first run" in r.getMessage() for r in caplog.records)
     assert first.runner.capture_plan.source == capacity.DEFAULT
     default_sizes = first.runner.get_capture_batch_sizes()
-    assert stats.write_stats_file("exit") == str(path)
+    assert reports.write_stats_file("exit") == str(path)
     recorded = json.loads(path.read_text())
     assert recorded["batch_histogram"] == {str(b): n for b, n in sorted(first.runner.stats.batch_histogram().items())}
     before = first.runner.stats.padded_fraction
@@ -124,13 +124,13 @@ def test_plan_auto_carries_the_fitted_sizes_over_a_restart(vendor, monkeypatch, 
     said = [r.getMessage() for r in caplog.records if "VENDOR_GRAPH_PLAN=auto: capture sizes" in r.getMessage()]
     assert said and str(sizes) in said[0] and str(path) in said[0]
     # the next file holds both runs' steps
-    stats.write_stats_file("exit")
+    reports.write_stats_file("exit")
     assert json.loads(path.read_text())["decode_steps"] == 2 * recorded["decode_steps"]
 
 
 def test_plan_auto_on_a_file_of_another_max_batch_size_keeps_the_defaults(monkeypatch, tmp_path, caplog, sim_backend):
     path = tmp_path / "stats.json"
-    path.write_text(json.dumps({"format": stats.FORMAT, "vendor": VENDORS[0], "max_batches": 64,
+    path.write_text(json.dumps({"format": reports.FORMAT, "vendor": VENDORS[0], "max_batches": 64,
                                 "capture_sizes": [64], "batch_histogram": {"3": 9}}))
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(path))
     monkeypatch.setenv("VENDOR_GRAPH_PLAN", "auto")

@@ -12,7 +12,8 @@ from vendor_graph_sim import harness
 
 from vendor_graph.config import settings
 from vendor_graph.install import patching
-from vendor_graph.runtime import stats, switches
+from vendor_graph.ops import reports
+from vendor_graph.runtime import switches
 
 
 class _Terminal(io.StringIO):
@@ -35,13 +36,13 @@ def test_stats_summary_on_demand_and_once_at_exit(sim_backend, monkeypatch, capl
         assert (b4.captures, b4.replays, b4.real_tokens, b4.padded_tokens) == (1, 1, 3, 4)
         assert b4.capture_bytes == 3 << 20 and b4.capture_seconds > 0
         assert abs(b4.padding_waste - 0.25) < 1e-9
-        tables = stats.summaries()
+        tables = reports.summaries()
         (label, table), = [(k, v) for k, v in tables.items() if f"{id(pair.runner):#x}" in k]
         assert "capture MiB" in table and "     4         1        1            3              4  25.0%" in table
-        monkeypatch.setattr(stats, "_REPORTED", False)
+        monkeypatch.setattr(reports, "_REPORTED", False)
         with caplog.at_level(logging.INFO, logger="vendor_graph"):
-            stats._at_exit()
-            stats._at_exit()  # once
+            reports._at_exit()
+            reports._at_exit()  # once
         assert caplog.text.count(f"vendor_graph graph stats, {label} (at shutdown)") == 1
     assert not pair.mismatches
 

@@ -15,7 +15,7 @@ from vendor_graph_sim import harness
 
 from vendor_graph import vendors
 from vendor_graph.config import settings
-from vendor_graph.runtime import stats
+from vendor_graph.ops import reports
 from vendor_graph.sizing import capacity
 
 MiB = 2**20
@@ -67,7 +67,7 @@ def _served_with_resets(monkeypatch) -> harness.SideBySide:
 
 def test_the_stats_file_after_resets_holds_the_whole_run(sim_backend, monkeypatch, stats_file):
     pair = _served_with_resets(monkeypatch)
-    assert stats.write_stats_file("exit") == str(stats_file)
+    assert reports.write_stats_file("exit") == str(stats_file)
     doc = json.loads(stats_file.read_text())
     assert (doc["captures"], doc["replays"], doc["decode_steps"]) == (3, 3, 6)
     assert doc["batch_histogram"] == {"1": 2, "3": 4}
@@ -78,7 +78,7 @@ def test_the_stats_file_after_resets_holds_the_whole_run(sim_backend, monkeypatc
     assert (b4["capture_bytes"], b1["capture_bytes"]) == (4 * MiB, 1 * MiB)  # the most one capture took
     # the graphs alive at once (batch 4 and 1): 5 MiB, not the 7 MiB summed over every capture
     assert doc["graph_memory_bytes"] == 5 * MiB
-    (name, table), = stats.summaries().items()
+    (name, table), = reports.summaries().items()
     assert f"{id(pair.runner):#x}" in name
     assert "     4         2        2            6              8  25.0%" in table
 
@@ -86,7 +86,7 @@ def test_the_stats_file_after_resets_holds_the_whole_run(sim_backend, monkeypatc
 def test_the_next_run_reserves_the_graph_memory_of_a_run_that_ended_with_a_reset(sim_backend, monkeypatch,
                                                                                   stats_file):
     _served_with_resets(monkeypatch)
-    stats.write_stats_file("exit")
+    reports.write_stats_file("exit")
     doc = json.loads(stats_file.read_text())
     settings.load()  # the next run: VENDOR_GRAPH_GRAPH_MEMORY=auto (the default) reads the file
     reserved = capacity.reservation(doc["max_batches"], spec=vendors.profile("ascend").spec)
@@ -113,7 +113,7 @@ def test_a_runner_rebuilt_on_a_wake_up_adds_to_the_one_it_replaced(sim_backend, 
             second.step(active)
         second.runner.reset()  # the pipeline closed
     assert not second.mismatches, second.mismatches[:3]
-    stats.write_stats_file("exit")
+    reports.write_stats_file("exit")
     doc = json.loads(stats_file.read_text())
     assert "runners" not in doc  # one runner, rebuilt
     assert doc["batch_histogram"] == {"1": 1, "2": 2, "3": 4}

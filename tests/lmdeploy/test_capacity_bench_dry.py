@@ -2,7 +2,7 @@
 part4 run, the real ``vendor-graph plan --from-stats`` on the made-up stats file, the report),
 the report's verdicts computed from the numbers, and ``capacity_engine.py run`` itself against a stand-in for
 lmdeploy's ``Engine`` (a child interpreter: streamed tokens, a registered runner with real ``GraphStats``, the real
-``vendor_graph.runtime.stats.write_stats_file``). Nothing is written into the repository's benchmarks/results/.
+``vendor_graph.ops.reports.write_stats_file``). Nothing is written into the repository's benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ import asyncio, os, sys, types
 from types import SimpleNamespace
 sys.path.insert(0, BENCH)
 sys.modules["vendor_graph.cuda"] = types.ModuleType("vendor_graph.cuda")  # `import vendor_graph.cuda`: a no-op here
-from vendor_graph.runtime import stats as vg_stats
+from vendor_graph.runtime import counters as vg_counters
 
 class GenerationConfig:
     def __init__(self, **kw):
@@ -136,10 +136,10 @@ class PytorchEngineConfig:
 class Runner:
     label, vendor = "vendor_graph.cuda", "cuda"
     def __init__(self, sizes):
-        self.sizes, self.stats = sizes, vg_stats.GraphStats()
+        self.sizes, self.stats = sizes, vg_counters.GraphStats()
         for s in sizes:
             self.stats.captured(s, 0.01, 1 << 20)
-        vg_stats.register(self)
+        vg_counters.register(self)
     def capture_sizes(self):
         return list(self.sizes)
     def eager_reasons(self):

@@ -11,7 +11,7 @@ import pytest
 from vendor_graph_sim import demo
 
 from vendor_graph.install import patching
-from vendor_graph.ops import cli
+from vendor_graph.ops import cli, commands
 from vendor_graph.upstream import compat
 from vendor_graph.vendors.ascend.releases import GENERATIONS
 
@@ -111,7 +111,7 @@ def test_settings_error_is_a_user_error_on_one_line(capsys, monkeypatch):
         raise error("2 VENDOR_GRAPH_* settings are not accepted:\n  VENDOR_GRAPH_SHADOW='x': not a whole number"
                     "\n  VENDOR_GRAPH_DISABLE='2': not a boolean")
 
-    monkeypatch.setattr(cli, "cmd_paths", command)
+    monkeypatch.setattr(commands, "cmd_paths", command)
     assert cli.main(["paths"]) == 2
     assert capsys.readouterr().err == ("vendor-graph paths: error: 2 VENDOR_GRAPH_* settings are not accepted: "
                                        "VENDOR_GRAPH_SHADOW='x': not a whole number; VENDOR_GRAPH_DISABLE='2': "
@@ -128,7 +128,7 @@ def test_user_error_classes_raised_by_a_command_are_caught_in_main(capsys, monke
         print("partial report")
         raise error
 
-    monkeypatch.setattr(cli, "cmd_paths", command)
+    monkeypatch.setattr(commands, "cmd_paths", command)
     status = cli.main(["paths"])
     out, err = capsys.readouterr()
     assert status == 2 and out == "partial report\n"
@@ -141,7 +141,7 @@ def test_real_bugs_keep_their_traceback(monkeypatch, bug):
     def command(args):
         raise bug
 
-    monkeypatch.setattr(cli, "cmd_paths", command)
+    monkeypatch.setattr(commands, "cmd_paths", command)
     with pytest.raises(type(bug)):
         cli.main(["paths"])
 
@@ -192,12 +192,12 @@ def test_autoload_hook_is_a_structured_result(tmp_path):
 
 
 def test_plan_notes_how_lmdeploy_normalises_explicit_sizes():
-    sizes, note = cli.plan_sizes("ascend", 16, [8, 4, 300, 4])
+    sizes, note = commands.plan_sizes("ascend", 16, [8, 4, 300, 4])
     assert sizes == [4, 8, 16]
     assert note == ("--capture-sizes 8 4 300 4 normalised as lmdeploy does: sorted; repeats removed; 300 dropped "
                     "(above max_batch_size 16); max_batch_size 16 added (always captured)")
-    assert cli.plan_sizes("ascend", 16, [4, 16]) == ([4, 16], None)
-    assert cli.plan_sizes("camb", 8, None) == ([1, 2, 4, 8], None)
+    assert commands.plan_sizes("ascend", 16, [4, 16]) == ([4, 16], None)
+    assert commands.plan_sizes("camb", 8, None) == ([1, 2, 4, 8], None)
 
 
 def test_demo_json_names_a_real_dlinfer_and_not_the_stand_in(monkeypatch, tmp_path):

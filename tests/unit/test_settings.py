@@ -150,7 +150,7 @@ def test_event_budget_words_and_range():
 def test_progress_takes_booleans_and_is_automatic_when_unset(monkeypatch):
     import io
 
-    from vendor_graph.runtime.stats import CaptureProgress
+    from vendor_graph.runtime.counters import CaptureProgress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -205,14 +205,14 @@ def test_settings_are_frozen_and_current_is_the_last_good_parse(monkeypatch):
 
 
 def test_each_field_is_its_variable_and_the_modules_use_those_names():
-    from vendor_graph.runtime import guard, shadow, stats
+    from vendor_graph.runtime import counters, guard, shadow
     from vendor_graph.upstream import compat
     from vendor_graph.vendors.ascend import limits, seqlen
 
     assert [s.name for s in settings.SETTINGS.values()] == [
         "VENDOR_GRAPH_" + f.name.upper() for f in dataclasses.fields(settings.Settings)]
     assert (patching.VENDOR_ENV, compat.ALLOW_UNSUPPORTED_ENV, switches.DISABLE_ENV, switches.DEBUG_ENV,
-            shadow.SHADOW_ENV, shadow.ACTION_ENV, shadow.TOL_ENV, guard.WEIGHTS_EVERY_ENV, stats.PROGRESS_ENV,
+            shadow.SHADOW_ENV, shadow.ACTION_ENV, shadow.TOL_ENV, guard.WEIGHTS_EVERY_ENV, counters.PROGRESS_ENV,
             limits.EVENT_BUDGET_ENV, seqlen.SEQLEN_UPDATE_ENV) == tuple(
         settings.variable(f) for f in ("vendor", "allow_unsupported_lmdeploy", "disable", "debug", "shadow",
                                        "shadow_action", "shadow_tol", "guard_weights_every", "progress",

@@ -13,7 +13,7 @@ import pytest
 from vendor_graph.config import settings
 from vendor_graph.config.settings import SettingsError
 from vendor_graph.install import patching
-from vendor_graph.runtime import stats
+from vendor_graph.ops import reports
 
 STATS_FILE, STATS_EVERY, MEMORY = "VENDOR_GRAPH_STATS_FILE", "VENDOR_GRAPH_STATS_EVERY", "VENDOR_GRAPH_GRAPH_MEMORY"
 
@@ -41,7 +41,7 @@ def test_the_writer_thread_survives_the_largest_period(tmp_path, monkeypatch):
     """Settings built by hand skip the parser: the writer still waits no longer than its timer can."""
     monkeypatch.setattr(settings, "_current", settings.Settings(stats_file=str(tmp_path / "s.json"),
                                                                  stats_every=10**12))
-    writer = stats._StatsWriter()
+    writer = reports._StatsWriter()
     errors = []
     monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
     writer.start()

@@ -13,8 +13,9 @@ import pytest
 from once_per_run import newest_release_only
 
 from vendor_graph.config import settings
-from vendor_graph.runtime import stats
-from vendor_graph.runtime.stats import GraphStats
+from vendor_graph.ops import reports
+from vendor_graph.runtime import counters
+from vendor_graph.runtime.counters import GraphStats
 from vendor_graph.sizing import capacity
 
 pytestmark = newest_release_only
@@ -35,8 +36,8 @@ class FakeRunner:
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(stats, "_REGISTRY", stats._Registry())
-    return stats
+    """A registry of this test's runners only."""
+    monkeypatch.setattr(counters, "_REGISTRY", counters._Registry())
 
 
 def _served(runner, batches, query_len=1):
@@ -48,13 +49,13 @@ def _served(runner, batches, query_len=1):
 
 def test_the_document_holds_the_histogram_and_the_plan(registry, tmp_path, monkeypatch):
     runner = FakeRunner()
-    registry.register(runner)
+    counters.register(runner)
     _served(runner, [3, 3, 5, 1, 8])
     runner.stats.captured(4, 0.1, 2048)
     runner.stats.captured(8, 0.1, 4096)
-    path = registry.write_stats_file(path=tmp_path / "s.json")
+    path = reports.write_stats_file(path=tmp_path / "s.json")
     doc = json.loads(open(path).read())
-    assert doc["format"] == stats.FORMAT
+    assert doc["format"] == reports.FORMAT
     assert doc["vendor"] == "cuda" and doc["max_batches"] == 8 and doc["capture_sizes"] == [1, 2, 4, 8]
     assert doc["batch_histogram"] == {"1": 1, "3": 2, "5": 1, "8": 1}
     assert doc["query_len_histogram"] == {"1": {"1": 1, "3": 2, "5": 1, "8": 1}}
@@ -69,30 +70,30 @@ def test_the_document_holds_the_histogram_and_the_plan(registry, tmp_path, monke
 
 def test_query_lengths_are_kept_apart(registry, tmp_path):
     runner = FakeRunner()
-    registry.register(runner)
+    counters.register(runner)
     _served(runner, [2, 2], query_len=1)
     _served(runner, [2, 5], query_len=3)
-    doc = json.loads(open(registry.write_stats_file(path=tmp_path / "s.json")).read())
+    doc = json.loads(open(reports.write_stats_file(path=tmp_path / "s.json")).read())
     assert doc["batch_histogram"] == {"2": 3, "5": 1}
     assert doc["query_len_histogram"] == {"1": {"2": 2}, "3": {"2": 1, "5": 1}}
 
 
 def test_steps_carried_from_the_previous_run_are_written_again(registry, tmp_path):
     runner = FakeRunner(carried={(3, 1): 10, (7, 1): 2})
-    registry.register(runner)
+    counters.register(runner)
     _served(runner, [3, 4])
-    doc = json.loads(open(registry.write_stats_file(path=tmp_path / "s.json")).read())
+    doc = json.loads(open(reports.write_stats_file(path=tmp_path / "s.json")).read())
     assert doc["batch_histogram"] == {"3": 11, "4": 1, "7": 2}
     assert doc["decode_steps"] == 14 and doc["carried_steps"] == 12 and doc["replays"] == 2
 
 
 def test_several_runners_the_busiest_is_the_top_level(registry, tmp_path):
     main, draft = FakeRunner(sizes=(4, 8)), FakeRunner(sizes=(1, 2))
-    registry.register(draft)
-    registry.register(main)
+    counters.register(draft)
+    counters.register(main)
     _served(main, [5, 6, 7])
     _served(draft, [1])
-    doc = json.loads(open(registry.write_stats_file(path=tmp_path / "s.json")).read())
+    doc = json.loads(open(reports.write_stats_file(path=tmp_path / "s.json")).read())
     assert doc["capture_sizes"] == [4, 8] and doc["decode_steps"] == 3
     assert [r["capture_sizes"] for r in doc["runners"]] == [[4, 8], [1, 2]]
 
@@ -138,27 +139,27 @@ def test_graph_memory_is_the_most_the_graphs_alive_at_once_took():
 
 def test_a_runner_gone_and_the_one_rebuilt_after_it_are_one_runner_in_the_file(registry, tmp_path):
     first = FakeRunner(carried={(3, 1): 10})
-    registry.register(first)
+    counters.register(first)
     _served(first, [3, 3, 5])
     first.stats.captured(4, 0.5, 4000)
     first.stats.captured(8, 0.5, 8000)
     first.stats.eager("injected")
     del first
     gc.collect()
-    assert registry.live_runners() == []
-    (name,) = registry.summaries()
+    assert counters.live_runners() == []
+    (name,) = reports.summaries()
     assert name.endswith(" (gone)")  # a closed pipeline's runner: still reported
-    doc = json.loads(open(registry.write_stats_file("exit", path=tmp_path / "s.json")).read())
+    doc = json.loads(open(reports.write_stats_file("exit", path=tmp_path / "s.json")).read())
     assert (doc["captures"], doc["replays"], doc["graph_memory_bytes"]) == (2, 3, 12000)
     # rebuilt on a wake-up: its plan read the file this run had written meanwhile
     second = FakeRunner(carried={(3, 1): 12, (5, 1): 1})
-    registry.register(second)
+    counters.register(second)
     _served(second, [3, 1])
     second.stats.captured(4, 0.25, 3000)
     other = FakeRunner(sizes=(1, 2))  # a draft model's runner: another runner
-    registry.register(other)
+    counters.register(other)
     _served(other, [1])
-    doc = json.loads(open(registry.write_stats_file("exit", path=tmp_path / "s.json")).read())
+    doc = json.loads(open(reports.write_stats_file("exit", path=tmp_path / "s.json")).read())
     assert doc["capture_sizes"] == [1, 2, 4, 8] and [r["capture_sizes"] for r in doc["runners"]] == [[1, 2, 4, 8],
                                                                                                    [1, 2]]
     assert doc["batch_histogram"] == {"1": 1, "3": 13, "5": 1}  # carried once, from the first plan
@@ -166,16 +167,16 @@ def test_a_runner_gone_and_the_one_rebuilt_after_it_are_one_runner_in_the_file(r
     assert doc["buckets"]["4"]["captures"] == 2 and doc["buckets"]["4"]["capture_seconds"] == 0.75
     assert doc["buckets"]["4"]["capture_bytes"] == 4000 and doc["graph_memory_bytes"] == 12000
     assert doc["eager_steps"] == {"injected": 1}
-    tables = registry.summaries()
+    tables = reports.summaries()
     assert len(tables) == 2 and f"{id(second):#x}" in next(iter(tables))
 
 
 def test_the_write_is_atomic_a_failed_write_leaves_the_old_file(registry, tmp_path, monkeypatch):
     runner = FakeRunner()
-    registry.register(runner)
+    counters.register(runner)
     target = tmp_path / "s.json"
     _served(runner, [1])
-    registry.write_stats_file(path=target)
+    reports.write_stats_file(path=target)
     before = target.read_text()
     _served(runner, [2])
 
@@ -184,17 +185,17 @@ def test_the_write_is_atomic_a_failed_write_leaves_the_old_file(registry, tmp_pa
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="injected"):
-        registry.write_stats_file(path=target)
+        reports.write_stats_file(path=target)
     assert target.read_text() == before  # the old document, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # no temporary left behind
 
 
 def test_a_reader_never_sees_part_of_a_file(registry, tmp_path):
     runner = FakeRunner()
-    registry.register(runner)
+    counters.register(runner)
     target = tmp_path / "s.json"
     _served(runner, list(range(1, 9)) * 50)
-    registry.write_stats_file(path=target)
+    reports.write_stats_file(path=target)
     stop, bad = threading.Event(), []
 
     def read():
@@ -208,37 +209,39 @@ def test_a_reader_never_sees_part_of_a_file(registry, tmp_path):
     reader.start()
     for _ in range(200):
         _served(runner, [3])
-        registry.write_stats_file(path=target)
+        reports.write_stats_file(path=target)
     stop.set()
     reader.join()
     assert not bad
 
 
 def test_one_file_per_rank(registry, tmp_path, monkeypatch):
-    assert stats.rank_path(tmp_path / "s.json", 0, 1) == tmp_path / "s.json"
-    assert stats.rank_path(tmp_path / "s.json", 1, 2) == tmp_path / "s.rank1.json"
+    assert reports.rank_path(tmp_path / "s.json", 0, 1) == tmp_path / "s.json"
+    assert reports.rank_path(tmp_path / "s.json", 1, 2) == tmp_path / "s.rank1.json"
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(tmp_path / "s.json"))
-    monkeypatch.setattr(stats, "process_rank", lambda: (1, 2))
+    monkeypatch.setattr(counters, "process_rank", lambda: (1, 2))
     settings.load()
     runner = FakeRunner()
-    registry.register(runner)
+    counters.register(runner)
     _served(runner, [2])
-    written = registry.write_stats_file()
+    written = reports.write_stats_file()
     assert written == str(tmp_path / "s.rank1.json")
     doc = json.loads(open(written).read())
     assert doc["rank"] == 1 and doc["world_size"] == 2
     (tmp_path / "s.rank0.json").write_text(open(written).read())
-    assert stats.stats_files(tmp_path / "s.json") == [tmp_path / "s.rank0.json", tmp_path / "s.rank1.json"]
+    assert reports.stats_files(tmp_path / "s.json") == [tmp_path / "s.rank0.json", tmp_path / "s.rank1.json"]
 
 
 def test_periodic_writes_and_the_exit_write(registry, tmp_path, monkeypatch):
     target = tmp_path / "s.json"
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(target))
     settings.load()
-    writer = stats._StatsWriter()
-    monkeypatch.setattr(stats, "_writer", writer)
+    writer = reports._StatsWriter()
+    monkeypatch.setattr(reports, "_writer", writer)
     runner = FakeRunner()
-    registry.register(runner)  # starts the writer: every 5 minutes by default
+    counters.register(runner)
+    assert writer.thread is None  # registering a runner (the step path) starts no writer
+    reports.start_writer()  # what activation and the runner builder call: every 5 minutes by default
     assert writer.thread is not None and writer.thread.daemon
     _served(runner, [2, 2])
     writer.write("exit")
@@ -247,7 +250,7 @@ def test_periodic_writes_and_the_exit_write(registry, tmp_path, monkeypatch):
     writer.thread.join(timeout=5)
     assert not writer.thread.is_alive()
 
-    fast = stats._StatsWriter()
+    fast = reports._StatsWriter()
     done = threading.Event()
     original = fast.write
 
@@ -272,21 +275,23 @@ def test_a_stats_file_in_a_missing_directory_is_refused_when_parsed_and_where_th
     (tmp_path / "nope").mkdir()
     settings.load()
     (tmp_path / "nope").rmdir()  # gone after the settings were read: the runner still refuses to start
-    monkeypatch.setattr(stats, "_writer", stats._StatsWriter())
+    monkeypatch.setattr(reports, "_writer", reports._StatsWriter())
     with pytest.raises(ValueError, match="does not exist; create it"):
-        registry.register(FakeRunner())
+        counters.register(FakeRunner())
+    with pytest.raises(ValueError, match="does not exist; create it"):
+        reports.start_writer()
 
 
 def test_a_failing_periodic_write_warns_once_and_serving_goes_on(registry, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("VENDOR_GRAPH_STATS_FILE", str(tmp_path / "s.json"))
     settings.load()
-    registry.register(FakeRunner())
-    writer = stats._StatsWriter()
+    counters.register(FakeRunner())
+    writer = reports._StatsWriter()
 
     def broken(reason):
         raise OSError("read-only file system (injected)")
 
-    monkeypatch.setattr(stats, "write_stats_file", broken)
+    monkeypatch.setattr(reports, "write_stats_file", broken)
     writer.write("periodic")
     writer.write("periodic")
     warnings = [r for r in caplog.records if "could not write the stats file" in r.getMessage()]
@@ -294,7 +299,7 @@ def test_a_failing_periodic_write_warns_once_and_serving_goes_on(registry, tmp_p
 
 
 def _recorded(path, **extra):
-    doc = {"format": stats.FORMAT, "vendor": "ascend", "max_batches": 64, "capture_sizes": [1, 2, 4, 8, 16, 32, 64],
+    doc = {"format": reports.FORMAT, "vendor": "ascend", "max_batches": 64, "capture_sizes": [1, 2, 4, 8, 16, 32, 64],
            "batch_histogram": {"3": 50, "5": 40, "17": 30, "40": 20}, "graph_memory_bytes": 100 * 2**20}
     path.write_text(json.dumps({**doc, **extra}))
 

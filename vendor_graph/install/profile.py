@@ -17,6 +17,7 @@ from typing import Any
 
 from ..buffers import BufferSpec
 from ..config import settings
+from ..ops import reports
 from ..runtime import switches
 from ..sizing import buckets
 from ..upstream import compat
@@ -143,6 +144,7 @@ def _wrap_builder(profile: VendorProfile, original: Callable) -> Callable:
     @functools.wraps(original)
     def build_graph_runner(model, model_config, cache_config, backend_config, device, *args, **kwargs):
         settings.load()  # what the runner reads; a value not accepted fails the build, not a later capture
+        reports.start_writer()  # a stats file named since activation, or its directory gone, counts from here
         patching.ensure_owned("before building the graph runner")
         if switches.disabled():  # VENDOR_GRAPH_DISABLE=1: every runner eager; the buffer patches stay
             switches.announce_disabled(f"{profile.name} graph runner")
@@ -164,6 +166,7 @@ def install(profile: VendorProfile) -> patching.Activation:
     is a ``VENDOR_GRAPH_*`` value not accepted: :class:`~vendor_graph.config.settings.SettingsError`)."""
     settings.load()
     switches.ensure_log_handler()
+    reports.start_writer()  # the stats file, every VENDOR_GRAPH_STATS_EVERY minutes; reports arms the exit write
     version = compat.check_lmdeploy_supported(profile.name)
     if compat.series(version) not in compat.SUPPORTED_SERIES[profile.name]:
         logger.warning(

@@ -201,15 +201,15 @@ def capacity_lines() -> list[tuple[str, bool]]:
     """(line, is a problem): which sizes a runner would capture and what is kept out of the KV cache for
     the graphs, from the settings and the stats file (no lmdeploy config here: lmdeploy's own
     ``cudagraph_capture_batch_sizes`` is checked against them where a runner is built)."""
-    from ..runtime import stats
     from ..sizing import capacity, planning
+    from ..sizing.workload import stats_files
 
     try:
         current = settings.parse()
     except settings.SettingsError:
         return [("not evaluated: a setting is not accepted (see the settings below)", True)]
     out: list[tuple[str, bool]] = []
-    files = stats.stats_files(current.stats_file) if current.stats_file else []
+    files = stats_files(current.stats_file) if current.stats_file else []
     workload = None
     if current.stats_file:
         try:

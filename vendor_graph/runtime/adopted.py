@@ -15,7 +15,7 @@ import torch
 
 from ..sizing import capacity
 from ..upstream import compat
-from . import stats
+from . import counters
 from .key import GraphKey
 from .step import GraphBackend, StepPolicy
 
@@ -81,7 +81,7 @@ class AdoptedRunner(GraphBackend):
         does them, without what would only be redone or annotated: lmdeploy's ``__call__`` repeats this step's
         input preparation, graph-mode check, key and lookup, and ``forward``'s ``record_function`` range is
         a dispatcher call per step even with no profiler (vendor_graph's own range is
-        ``stats.profile_range``). With DeepEP on, ``__call__`` also sets the process's dispatch mode first,
+        ``counters.profile_range``). With DeepEP on, ``__call__`` also sets the process's dispatch mode first,
         so then the step goes through it; a graph whose layout is unknown goes through ``forward``."""
         single = compat.cuda_runner_graphs(self).get(key.as_lmdeploy_tuple())
         if single is None or compat.deepep_enabled():
@@ -106,7 +106,7 @@ class AdoptedRunner(GraphBackend):
         """What the CUDA allocator holds now; None off a real, initialised CUDA device (the simulator)."""
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return None
-        return stats.device_memory(torch.cuda)
+        return counters.device_memory(torch.cuda)
 
     # -- introspection -------------------------------------------------------------------------------
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from ..buffers import GraphInputsChanged
 from ..install import patching
-from . import faults, ranks, stats, switches
+from . import counters, faults, ranks, switches
+from .counters import GraphStats
 from .guard import StaleGraphGuard
 from .key import GraphKey
 from .shadow import ShadowCheck
-from .stats import GraphStats
 
 logger = logging.getLogger("vendor_graph")
 
@@ -117,12 +117,12 @@ class StepPolicy:
         self.shadow = ShadowCheck()
         self.eager_reasons: dict[GraphKey, str] = {}
         self._warned_oversize = False
-        self._progress: stats.CaptureProgress | None = None
+        self._progress: counters.CaptureProgress | None = None
         self._replays_at_reset = 0
         switches.apply_debug()
-        stats.register(backend, self.stats)
+        counters.register(backend, self.stats)
         intact = patching.ensure_owned("where a graph runner was built")
-        rank, world = stats.process_rank()
+        rank, world = counters.process_rank()
         logger.info("%s: graph runner built on rank %d of %d (pid %d); vendor_graph's patches %s", backend.label,
                     rank, world, os.getpid(), "in place" if intact else "restored")
 
@@ -256,7 +256,7 @@ class StepPolicy:
         real_tokens = kwargs["input_ids"].size(-1)
         real_batch = real_tokens // key.query_len
         try:
-            with stats.profile_range(f"{backend.label}.replay", real_batch, key.padded_batch):
+            with counters.profile_range(f"{backend.label}.replay", real_batch, key.padded_batch):
                 outputs = backend.replay(key, kwargs)
         except GraphInputsChanged as exc:  # raised by the fill, before the replay: this step runs eager
             own.restore()
@@ -278,7 +278,7 @@ class StepPolicy:
         real_batch = kwargs["input_ids"].size(-1) // key.query_len
         own.restore()
         model = self.backend.model
-        with stats.profile_range(f"{label}.shadow", real_batch, key.padded_batch):
+        with counters.profile_range(f"{label}.shadow", real_batch, key.padded_batch):
             eager = model.make_output_buffers(model(**kwargs))
         problem = self.shadow.compare(outputs, eager)
         self.stats.shadowed(key.padded_batch, problem is not None)

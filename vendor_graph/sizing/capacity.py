@@ -132,15 +132,15 @@ def resolve_capture_plan(vendor: str, max_batches: int, default_sizes: Sequence[
 
 def _auto_plan(vendor: str, max_batches: int, default: tuple[int, ...], num_layers: int, reserved: int | None,
                current: settings.Settings, quiet: bool) -> CapturePlan:
-    from ..runtime import stats
     from . import planning
+    from .workload import stats_files
 
     label = f"vendor_graph.{vendor}"
     log = _Quiet() if quiet else logger
     if not current.stats_file:
         raise CapturePlanError(f"{PLAN_ENV}=auto needs {STATS_ENV}=PATH: the file the previous run wrote its batch "
                                f"histogram to (and this run writes to)")
-    files = stats.stats_files(current.stats_file)
+    files = stats_files(current.stats_file)
     if not files:
         note = (f"{PLAN_ENV}=auto: no stats file at {current.stats_file} yet (a first run): capturing the default "
                 f"sizes {list(default)}; this run's batch histogram is written there for the next")
@@ -218,10 +218,10 @@ def reservation(max_batches: int, current: settings.Settings | None = None, *, s
     if not current.stats_file:
         return Reservation(0, "none", f"nothing reserved for the graphs: no {STATS_ENV} to learn their size from "
                                       f"(set it, or {MEMORY_ENV}=BYTES)")
-    from ..runtime import stats
     from . import planning
+    from .workload import stats_files
 
-    files = stats.stats_files(current.stats_file)
+    files = stats_files(current.stats_file)
     recorded = []
     for path in files:
         try:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...runtime import stats, switches
+from ...runtime import counters, switches
 from ...runtime.key import GraphKey
 from ...runtime.step import CaptureFailed, GraphBackend, StepPolicy
 from ...sizing import buckets, capacity
@@ -175,7 +175,7 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         return key in self._graphs
 
     def device_memory(self) -> int | None:
-        return stats.device_memory(self._runtime()[0])
+        return counters.device_memory(self._runtime()[0])
 
     def release(self, key: GraphKey | None) -> None:
         """Free graphs (their NPUGraph, registered tasks and buffers), and the pool and cached device

@@ -1,22 +1,17 @@
-"""Counters of what graph mode did, and the operator-facing reporting around them (a summary per runner,
-logged once at interpreter exit and on demand, a capture progress bar, and the stats file: the batch
-histogram, per-bucket stats and capture plan of every runner, for the next run's plan).
+"""What graph mode did, counted on the step path: per-bucket and per-runner counters, the capture progress
+bar, profiler ranges, and the registry of runners that the reports (:mod:`vendor_graph.ops.reports`) read.
 
-Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.runtime.step.StepPolicy`, and any other runner
-(a subclass of lmdeploy's ``CUDAGraphRunner``) can do the same. Per step the cost is a dict lookup and a few
-integer additions; :func:`profile_range` is a shared no-op unless a torch profiler is recording.
+Runner-agnostic: the Ascend runner wires it through :class:`~vendor_graph.runtime.step.StepPolicy`, and any other
+runner (a subclass of lmdeploy's ``CUDAGraphRunner``) can do the same. Per step the cost is a dict lookup and a few
+integer additions; :func:`profile_range` is a shared no-op unless a torch profiler is recording. Nothing here
+writes a file or logs a report: the step path never imports ``ops/``.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
-import json
-import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -26,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from ..config import settings
-from ..sizing.planning import STATS_FORMAT
-
-logger = logging.getLogger("vendor_graph")
 
 PROGRESS_ENV = settings.variable("progress")  # on: always draw the capture bar; off: never (default: on a terminal)
+STATS_FILE_ENV = settings.variable("stats_file")
 
 
 @dataclass
 class BucketStats:
+    """One capture size's counters over the run."""
+
     captures: int = 0
     replays: int = 0
     real_tokens: int = 0
@@ -282,7 +277,8 @@ class _NoOp:
 
 _NOTHING = _NoOp()
 
-# -- the runner registry: summaries on demand and once at exit, and what the stats file reports -------
+
+# -- the runner registry: every runner of the process, for the summaries and the stats file -----------------
 
 @dataclass
 class RunnerRecord:
@@ -329,13 +325,25 @@ class _Registry:
 
 _REGISTRY = _Registry()
 _LOCK = threading.Lock()
-_REPORTED = False
+
+
+def check_stats_directory() -> None:
+    """ValueError where ``VENDOR_GRAPH_STATS_FILE``'s directory is gone since the settings were read: the runner
+    (and the stats writer) refuse to start rather than serve a run whose stats cannot be written."""
+    current = settings.current()
+    if not current.stats_file:
+        return
+    parent = Path(current.stats_file).expanduser().parent
+    if not parent.is_dir():
+        raise ValueError(f"{STATS_FILE_ENV}={current.stats_file}: directory {parent} does not exist; create it "
+                         f"or point {STATS_FILE_ENV} at a file in an existing directory")
 
 
 def register(runner: Any, graph_stats: GraphStats | None = None) -> None:
     """Count ``runner`` (it has ``label``, ``capture_sizes()`` and, unless ``graph_stats`` is given, ``stats``)
-    among :func:`live_runners`, and in :func:`runs` for the rest of the process; the first runner of a process
-    with ``VENDOR_GRAPH_STATS_FILE`` set starts the periodic stats file writer."""
+    among :func:`live_runners`, and in :func:`runs` for the rest of the process. A stats file that can no longer
+    be written refuses the runner (:func:`check_stats_directory`); activation starts the writer."""
+    check_stats_directory()
     record = RunnerRecord(label=runner.label, vendor=getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
                           kind=f"{type(runner).__module__}.{type(runner).__qualname__}",
                           sizes=list(runner.capture_sizes()), capture_plan=getattr(runner, "capture_plan", None),
@@ -345,7 +353,6 @@ def register(runner: Any, graph_stats: GraphStats | None = None) -> None:
         _REGISTRY.sweep()
         if not any(r.runner() is runner for r in _REGISTRY.records):
             _REGISTRY.records.append(record)
-    _writer.start()
 
 
 def live_runners() -> list[Any]:
@@ -366,64 +373,6 @@ def runs() -> list[RunnerRecord]:
     return list(merged.values())
 
 
-def summaries() -> dict[str, str]:
-    """``<label> runner <id>`` -> summary table of every runner of :func:`runs` that did anything (on
-    demand); `` (gone)`` follows the name of one no longer alive."""
-    return {f"{r.label} runner {r.ident:#x}{'' if r.runner() is not None else ' (gone)'}": r.stats.summary()
-            for r in runs() if not r.stats.empty()}
-
-
-def log_summaries(reason: str = "on demand") -> str:
-    """Log every registered runner's summary (INFO, logger ``vendor_graph``); returns the text."""
-    text = "\n".join(f"vendor_graph graph stats, {label} ({reason}):\n{table}"
-                     for label, table in summaries().items())
-    if text:
-        logger.info("%s", text)
-    return text
-
-
-# -- the stats file: what the runners saw, kept for the next run's plan -------------------------------
-
-FORMAT = STATS_FORMAT
-STATS_FILE_ENV = settings.variable("stats_file")
-
-
-def _keyed(mapping: dict[int, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(mapping.items())}
-
-
-def runner_document(runner: Any) -> dict[str, Any]:
-    """One runner's part of the stats file (``runner``: a runner or a :class:`RunnerRecord`): its capture plan,
-    the batch histogram and per-bucket stats."""
-    graph_stats: GraphStats = runner.stats
-    plan = getattr(runner, "capture_plan", None)
-    histogram = dict(graph_stats.histogram)
-    for key, steps in (getattr(plan, "carried", None) or {}).items():
-        histogram[key] = histogram.get(key, 0) + steps
-    merged = GraphStats(histogram=histogram)
-    return {
-        "vendor": getattr(runner, "vendor", None) or runner.label.rsplit(".", 1)[-1],
-        "runner": getattr(runner, "kind", None) or f"{type(runner).__module__}.{type(runner).__qualname__}",
-        "max_batches": getattr(plan, "max_batches", None) or max(runner.capture_sizes()),
-        "capture_sizes": list(runner.capture_sizes()),
-        "capture_source": getattr(plan, "source", "default"),
-        "num_layers": getattr(plan, "num_layers", 0),
-        "num_gpu_blocks": getattr(plan, "num_blocks", 0),
-        "batch_histogram": _keyed(merged.batch_histogram()),
-        "query_len_histogram": {str(q): _keyed(h) for q, h in merged.query_len_histogram().items()},
-        "decode_steps": merged.decode_steps,
-        "carried_steps": merged.decode_steps - graph_stats.decode_steps,
-        "replays": graph_stats.replays,
-        "captures": graph_stats.captures,
-        "padded_fraction": graph_stats.padded_fraction,
-        "graph_memory_bytes": graph_stats.graph_memory,
-        "reserved_graph_memory_bytes": getattr(plan, "reserved_bytes", None),
-        "buckets": {str(size): {**dataclasses.asdict(b), "padding_waste": b.padding_waste}
-                    for size, b in sorted(graph_stats.buckets.items())},
-        "eager_steps": dict(graph_stats.eager_steps.most_common()),
-    }
-
-
 def process_rank() -> tuple[int, int]:
     """(rank, world size) of this process: torch.distributed's when initialised, else RANK / WORLD_SIZE."""
     dist = sys.modules.get("torch.distributed")
@@ -436,122 +385,3 @@ def process_rank() -> tuple[int, int]:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
         return 0, 1
-
-
-def rank_path(base: str | os.PathLike, rank: int, world_size: int) -> Path:
-    """Where rank ``rank`` writes: ``base`` itself for one rank, ``<stem>.rank<N><suffix>`` for several."""
-    base = Path(base).expanduser()
-    if world_size <= 1:
-        return base
-    return base.with_name(f"{base.stem}.rank{rank}{base.suffix}")
-
-
-def stats_files(base: str | os.PathLike) -> list[Path]:
-    """Every stats file written for ``base``: itself and its per-rank files, those that exist."""
-    base = Path(base).expanduser()
-    found = [base] if base.is_file() else []
-    found += sorted(base.parent.glob(f"{base.stem}.rank*{base.suffix}")) if base.parent.is_dir() else []
-    return found
-
-
-def document(reason: str) -> dict[str, Any] | None:
-    """The stats file's document for every runner of :func:`runs` (None when there is none): the top level
-    is the runner with the most decode steps, and ``runners`` lists each when there are several."""
-    runners = runs()
-    if not runners:
-        return None
-    parts = [runner_document(r) for r in runners]
-    parts.sort(key=lambda d: -d["decode_steps"])
-    rank, world_size = process_rank()
-    doc = {"format": FORMAT, "rank": rank, "world_size": world_size, "pid": os.getpid(),
-           "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason, **parts[0]}
-    if len(parts) > 1:
-        doc["runners"] = parts
-    return doc
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def write_stats_file(reason: str = "on demand", path: str | os.PathLike | None = None) -> str | None:
-    """Write the stats document of this process to ``path`` (default: ``VENDOR_GRAPH_STATS_FILE``, per rank);
-    returns the path written, None when there is no path or no runner."""
-    base = path if path is not None else settings.current().stats_file
-    if not base:
-        return None
-    doc = document(reason)
-    if doc is None:
-        return None
-    target = rank_path(base, doc["rank"], doc["world_size"]) if path is None else Path(path)
-    write_atomic(target, json.dumps(doc, indent=1) + "\n")
-    return str(target)
-
-
-class _StatsWriter:
-    """Writes the stats file every ``VENDOR_GRAPH_STATS_EVERY`` minutes (a daemon thread) and at exit."""
-
-    def __init__(self) -> None:
-        self.thread: threading.Thread | None = None
-        self.stop = threading.Event()
-        self.warned = False
-
-    def start(self) -> None:
-        current = settings.current()
-        if not current.stats_file:
-            return
-        parent = Path(current.stats_file).expanduser().parent
-        if not parent.is_dir():
-            raise ValueError(f"{STATS_FILE_ENV}={current.stats_file}: directory {parent} does not exist; create it "
-                             f"or point {STATS_FILE_ENV} at a file in an existing directory")
-        if self.thread is not None or not current.stats_every:
-            return
-        # The settings parser bounds VENDOR_GRAPH_STATS_EVERY by what Event.wait takes; Settings built by hand are not.
-        seconds = min(current.stats_every * 60.0, threading.TIMEOUT_MAX)
-        self.thread = threading.Thread(target=self._loop, args=(seconds,),
-                                       name="vendor_graph-stats", daemon=True)
-        self.thread.start()
-
-    def _loop(self, seconds: float) -> None:
-        while not self.stop.wait(seconds):
-            self.write("periodic")
-
-    def write(self, reason: str) -> None:
-        try:
-            path = write_stats_file(reason)
-        except Exception as exc:  # noqa: BLE001 - the writer must never take serving down
-            if not self.warned:
-                self.warned = True
-                logger.warning("vendor_graph: could not write the stats file (%s): %s", STATS_FILE_ENV, exc)
-            return
-        if path is not None:
-            logger.debug("vendor_graph: stats written to %s (%s)", path, reason)
-
-
-_writer = _StatsWriter()
-
-
-def _at_exit() -> None:
-    global _REPORTED
-    if _REPORTED:
-        return
-    _REPORTED = True
-    _writer.stop.set()
-    with contextlib.suppress(Exception):
-        _writer.write("exit")
-    with contextlib.suppress(Exception):  # logging may already be torn down
-        log_summaries("at shutdown")
-
-
-atexit.register(_at_exit)
