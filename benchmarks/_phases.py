@@ -1,6 +1,6 @@
 """Host time of a graph runner's replay step, split by phase, with ``perf_counter_ns`` wrappers put on
 the live objects for a measurement and taken off after it (no code of vendor_graph or lmdeploy is
-changed): the adopted runner's policy steps (``StepPolicy.step``, the ownership check, the key, the
+changed): the adopted runner's policy steps (``StepPolicy.step``, the runner's one view of the step, the
 stale-graph guard, stats), lmdeploy's ``CUDAGraphRunner.__call__`` pieces (``_prepare_inputs``,
 ``enable_graph``, ``get_graph_key``), the single graph's ``forward``, the model's buffer fill,
 context bind, output slicing, and ``CUDAGraph.replay()`` itself.
@@ -133,21 +133,17 @@ def _targets(runner: Any) -> list[tuple[Any, str, str]]:
     if policy is not None:  # vendor_graph's adopted runner
         import vendor_graph.install.patching as patching
         import vendor_graph.runtime.counters as counters
-        import vendor_graph.runtime.faults as faults
+        import vendor_graph.runtime.step as step
 
         out += [(policy, "step", "vg StepPolicy.step (own)"),
                 (patching, "ensure_owned", "vg patching.ensure_owned"),
-                (runner, "skip_reason", "vg skip_reason (own)"),
-                (runner, "wanted_batch", "vg wanted_batch"),
-                (runner, "capture_sizes", "vg capture_sizes"),
-                (runner, "graph_key", "vg graph_key (own: GraphKey)"),
-                (runner, "has_graph", "vg has_graph"),
+                (runner, "view", "vg view (own: batch, key, graph)"),
                 (policy.guard, "check", "vg guard.check (stale graph)"),
-                (faults, "StepMetadata", "vg faults.StepMetadata (own)"),
+                (step, "StepMetadata", "vg StepMetadata (own)"),
                 (counters, "profile_range", "vg stats.profile_range"),
                 (policy.stats, "replayed", "vg stats.replayed"),
                 (policy.shadow, "due", "vg shadow.due"),
-                (runner, "replay", "vg adopted replay -> lmdeploy __call__ (own)")]
+                (runner, "replay", "vg adopted replay (own)")]
     out += [(runner, "_prepare_inputs", "lmdeploy _prepare_inputs"),
             (runner, "enable_graph", "lmdeploy enable_graph / support_cuda_graph"),
             (runner, "get_graph_key", "lmdeploy get_graph_key"),

@@ -12,7 +12,7 @@ import torch
 from vendor_graph_sim import harness
 
 import vendor_graph.vendors.ascend.hook as hook
-from vendor_graph.runtime import faults
+from vendor_graph.runtime import failures
 
 
 def _fail_once(pair, monkeypatch, *, when, exc):
@@ -56,7 +56,7 @@ def test_out_of_memory_leaves_nothing_half_made(sim_backend, monkeypatch, caplog
         assert not runner.graphs() and runner._pool is None  # no graph registered, the pool released
         assert not hook.capturing()  # no capture scope left open
         (key, reason), = runner.eager_reasons().items()
-        assert key.padded_batch == 2 and faults.OOM_REMEDY in reason and "OutOfMemoryError" in reason
+        assert key.padded_batch == 2 and failures.OOM_REMEDY in reason and "OutOfMemoryError" in reason
         assert runner.stats.buckets[2].capture_failures == 1
         pair.step([0, 1])  # that key stays eager
         pair.step([0, 1, 2])  # another bucket captures and replays normally
@@ -142,12 +142,12 @@ def test_index_tensors_of_the_other_int_dtype_are_converted(sim_backend, generat
 
 
 def test_oom_detection():
-    assert faults.is_oom(torch.OutOfMemoryError("x"))
-    assert faults.is_oom(RuntimeError("NPU out of memory. Tried to allocate 20.00 MiB"))
+    assert failures.is_oom(torch.OutOfMemoryError("x"))
+    assert failures.is_oom(RuntimeError("NPU out of memory. Tried to allocate 20.00 MiB"))
     wrapped = RuntimeError("capture failed")
     wrapped.__cause__ = RuntimeError("CUDA out of memory")
-    assert faults.is_oom(wrapped)
-    assert not faults.is_oom(RuntimeError("207008 stream resources are insufficient"))
+    assert failures.is_oom(wrapped)
+    assert not failures.is_oom(RuntimeError("207008 stream resources are insufficient"))
 
 
 def test_a_replay_whose_inputs_changed_runs_that_step_eager(sim_backend, monkeypatch, caplog):

@@ -10,10 +10,9 @@ import logging
 import torch
 from vendor_graph_sim import harness
 
-from vendor_graph.config import settings
+from vendor_graph.config import settings, switches
 from vendor_graph.install import patching
 from vendor_graph.ops import reports
-from vendor_graph.runtime import switches
 
 
 class _Terminal(io.StringIO):

@@ -31,7 +31,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
     standins.use_standin_dlinfer_if_missing()
     sim.install()
-    from vendor_graph.runtime import ranks
+    from vendor_graph.runtime import failures
     from vendor_graph.vendors.ascend import hook
 
     import logging
@@ -43,7 +43,7 @@ RANK_SCRIPT = textwrap.dedent("""
     logging.getLogger("vendor_graph").addHandler(handler)
     logging.getLogger("vendor_graph").setLevel(logging.INFO)
     if agreement == "off":
-        ranks.peers_failed = lambda ok: []  # the agreement removed
+        failures.peers_failed = lambda ok: []  # the agreement removed
     PLAN = [[0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1], [0, 1, 2, 3]]
     if fault == "shadow":
         PLAN = [[0, 1, 2]] * 4 + [[0, 1]] * 2

@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent("""
     logging.basicConfig(level=logging.{root_level})
     from lmdeploy.utils import get_logger
     get_logger("lmdeploy")  # raises the root logger's console handlers to ERROR
-    from vendor_graph.runtime import switches
+    from vendor_graph.config import switches
     switches.ensure_log_handler()
     log = logging.getLogger("vendor_graph")
     log.warning("a warning of vendor_graph")

@@ -127,7 +127,10 @@ def test_dlinfer_imported_before_us_is_displaced_and_restored_on_uninstall(vendo
     assert owners(mixin()) == theirs
 
 
-def test_ownership_is_checked_where_the_runner_is_built_and_before_each_step(vendor, activate, caplog):
+def test_ownership_is_checked_where_the_runner_is_built_and_before_each_capture(vendor, activate, caplog):
+    from vendor_graph.runtime.key import GraphKey
+    from vendor_graph.runtime.step import StepView
+
     activate(vendor)
     ours = owners(mixin())
     mixin().fill_buffers_cudagraph = lambda *a, **k: None  # someone patches behind our back
@@ -135,12 +138,13 @@ def test_ownership_is_checked_where_the_runner_is_built_and_before_each_step(ven
     assert owners(mixin()) == ours
     assert "noticed before building the graph runner" in caplog.text
     mixin().make_buffers_cudagraph = lambda *a, **k: None
+    runner.view = lambda kwargs: StepView(None, 1, GraphKey(1, True), None)  # a step whose key has no graph yet
     try:
         runner(input_ids=None)
     except Exception:
         pass  # the fake model cannot run; the check comes first
     assert owners(mixin()) == ours
-    assert "noticed before a graph step" in caplog.text
+    assert "noticed before a capture" in caplog.text
 
 
 def _build_runner(vendor, capture_sizes=None):

@@ -83,7 +83,7 @@ MUTATIONS = (
         "        return -(-batch // 32) * 32",
         (f"{ASCEND_SHRINKING}[G5-fia]",)),
     Mutation(
-        "stale-graph check skipped before a replay", "step.py",
+        "stale-graph check skipped before a replay", "runtime/step.py",
         "        stale = self.guard.check(key, kwargs)",
         "        stale = None",
         (f"{ASCEND_SHRINKING}[G5-fia]",)),
@@ -105,8 +105,8 @@ MUTATIONS = (
         ("tests/unit/test_mixin_fill_context.py",)),
     Mutation(
         "graph looked up by the live batch instead of its bucket", "vendors/ascend/runner.py",
-        "padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),",
-        "padded_batch=self._wanted(batch),",
+        "padded_batch=buckets.pad_to_bucket(self._sizes, batch),",
+        "padded_batch=batch,",
         (f"{ASCEND_PARITY}[fia-G5]",)),
     Mutation(
         "Ascend graph output returned padded, not sliced to the step's tokens", "vendors/ascend/runner.py",
@@ -149,11 +149,11 @@ MUTATIONS = (
         (f"{SCHEDULE}[2]",)),
     Mutation(
         "Ascend graph key ignores the query length", "vendors/ascend/runner.py",
-        "            query_len=max(1, input_ids.size(-1) // batch),",
+        "            query_len=max(1, input_ids.size(-1) // rows),",
         "            query_len=1,",
         (f"{SCHEDULE}[0]",)),
     Mutation(
-        "lmdeploy's CUDA runner (adopted) output returned padded, not sliced", "adopted.py",
+        "lmdeploy's CUDA runner (adopted) output returned padded, not sliced", "runtime/adopted.py",
         "        return model.get_outputs_cudagraph(meta.output_buffers, **kwargs)",
         "        return meta.output_buffers",
         ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),

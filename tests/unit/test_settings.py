@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from vendor_graph.config import settings
+from vendor_graph.config import settings, switches
 from vendor_graph.config.settings import SettingsError
 from vendor_graph.install import patching
 from vendor_graph.ops import doctor
-from vendor_graph.runtime import switches
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "vendor_graph"

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..buffers import BufferSpec
-from ..config import settings
+from ..config import settings, switches
 from ..ops import reports
-from ..runtime import switches
 from ..sizing import buckets
 from ..upstream import compat
 from ..upstream.compat import LmdeployApi
@@ -85,9 +84,15 @@ def support_cuda_graph(self, input_ids, position_ids, past_key_values, attn_meta
     serve is the runner's business (its seq-len path is chosen per op and per runner), not a
     process-wide version gate.
     """
-    from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
+    global _step_ctx_manager
+    if _step_ctx_manager is None:
+        from lmdeploy.pytorch.model_inputs import get_step_ctx_manager
 
-    return get_step_ctx_manager().current_context().global_is_decoding()
+        _step_ctx_manager = get_step_ctx_manager
+    return _step_ctx_manager().current_context().global_is_decoding()
+
+
+_step_ctx_manager: Callable[[], Any] | None = None  # lmdeploy's get_step_ctx_manager, imported at the first call
 
 
 MIXIN_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph",
@@ -203,3 +208,4 @@ def activation_on_import(profile: VendorProfile) -> Callable[[], patching.Activa
     activate = functools.partial(install, profile)
     activate()
     return activate
+

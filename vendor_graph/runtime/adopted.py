@@ -17,7 +17,10 @@ from ..sizing import capacity
 from ..upstream import compat
 from . import counters
 from .key import GraphKey
-from .step import GraphBackend, StepPolicy
+from .step import GraphBackend, StepPolicy, StepView
+
+NOT_DECODING = StepView("not a decode step")
+GRAPH_MODE_OFF = StepView("graph mode off for this model or step")
 
 
 class AdoptedRunner(GraphBackend):
@@ -34,6 +37,7 @@ class AdoptedRunner(GraphBackend):
             num_layers=getattr(self.model_config, "num_layers", 0) or 0, num_blocks=cache_config.num_gpu_blocks,
             reserved_bytes=getattr(cache_config, capacity.RESERVED_ATTR, None))
         self._capture_sizes = list(self.capture_plan.sizes)
+        self._keys: dict[tuple, GraphKey] = {}  # lmdeploy's key tuple -> ours, made once per key
         self.policy = StepPolicy(self)
 
     def get_capture_batch_sizes(self) -> list[int]:
@@ -49,42 +53,40 @@ class AdoptedRunner(GraphBackend):
 
     # -- GraphBackend over lmdeploy's runner -----------------------------------------------------------
 
-    def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
-        if kwargs.get("attn_metadata") is None or not self.ctx_mgr.current_context().global_is_decoding():
-            return "not a decode step"
+    def view(self, kwargs: dict[str, Any]) -> StepView:
+        attn_metadata = kwargs.get("attn_metadata")
+        if attn_metadata is None or not self.ctx_mgr.current_context().global_is_decoding():
+            return NOT_DECODING
         if not self.enable_graph(**kwargs):
-            return "graph mode off for this model or step"
-        return None
+            return GRAPH_MODE_OFF
+        padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
+        batch = attn_metadata.q_seqlens.size(0) if padding is None else padding
+        if batch > self._capture_sizes[-1]:
+            return StepView(None, batch)
+        self._prepare_inputs(**kwargs)  # lmdeploy's own (block offsets to int32, in place)
+        lmdeploy_key = self.get_graph_key(**kwargs)
+        key = self._keys.get(lmdeploy_key)
+        if key is None:
+            key = self._keys[lmdeploy_key] = GraphKey.from_lmdeploy_tuple(lmdeploy_key)
+        return StepView(None, batch, key, compat.cuda_runner_graphs(self).get(lmdeploy_key))
 
     def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
         return super().__call__(**kwargs)  # lmdeploy's eager (0.18: or piecewise) path
 
-    def wanted_batch(self, kwargs: dict[str, Any]) -> int:
-        padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
-        return kwargs["attn_metadata"].q_seqlens.size(0) if padding is None else padding
-
     def capture_sizes(self) -> list[int]:
         return self._capture_sizes
-
-    def graph_key(self, kwargs: dict[str, Any]) -> GraphKey:
-        self._prepare_inputs(**kwargs)  # lmdeploy's own (block offsets to int32, in place)
-        return GraphKey.from_lmdeploy_tuple(self.get_graph_key(**kwargs))
-
-    def has_graph(self, key: GraphKey) -> bool:
-        return key.as_lmdeploy_tuple() in compat.cuda_runner_graphs(self)
 
     def capture(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
         return super().__call__(**kwargs)  # lmdeploy captures a key it has no graph for
 
-    def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
+    def replay(self, view: StepView, kwargs: dict[str, Any]) -> Any:
         """The key's graph: fill, bind, replay and output slicing as lmdeploy's ``CUDASingleGraphRunner.forward``
-        does them, without what would only be redone or annotated: lmdeploy's ``__call__`` repeats this step's
-        input preparation, graph-mode check, key and lookup, and ``forward``'s ``record_function`` range is
-        a dispatcher call per step even with no profiler (vendor_graph's own range is
-        ``counters.profile_range``). With DeepEP on, ``__call__`` also sets the process's dispatch mode first,
-        so then the step goes through it; a graph whose layout is unknown goes through ``forward``."""
-        single = compat.cuda_runner_graphs(self).get(key.as_lmdeploy_tuple())
-        if single is None or compat.deepep_enabled():
+        does them, without what ``__call__`` would only redo (input preparation, graph-mode check, key, lookup)
+        and ``forward``'s per-step ``record_function``. With DeepEP on, ``__call__`` also sets the process's
+        dispatch mode first, so then the step goes through it; a graph whose layout is unknown goes through
+        ``forward``."""
+        single = view.graph
+        if compat.deepep_enabled():
             return super().__call__(**kwargs)
         cuda_graph = compat.captured_cuda_graph(single)
         if cuda_graph is None:

@@ -152,7 +152,7 @@ class StaleGraphGuard:
                 moved = self.check_weights()
                 if moved is not None:
                     return moved
-        outer = tuple(kwargs.get(n) for n in rec.names)
+        outer = tuple(map(kwargs.get, rec.names))
         if rec.fast_left and not rec.dead and all(map(operator.is_, outer, rec.outer)):
             rec.fast_left -= 1  # the very containers verified last time, no recorded tensor freed
             return None

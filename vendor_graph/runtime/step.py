@@ -1,9 +1,8 @@
-"""The one step policy of every graph runner, and the small interface its mechanism implements.
+"""The step policy every graph runner shares, and the small mechanism interface it drives.
 
-:class:`StepPolicy` decides what a decode step does: which :class:`~vendor_graph.runtime.key.GraphKey` it
-takes, whether it replays, captures or runs eager (with the reason), and what follows a stale graph,
-a failed capture, inputs the graph cannot serve or a shadow check that disagrees. A
-:class:`GraphBackend` carries those decisions out and decides nothing itself.
+Once per decode step the runner answers :meth:`GraphBackend.view` with a :class:`StepView` (why graph mode
+does not serve the step, the batch, the key and its graph); :class:`StepPolicy` decides from that alone
+whether the step replays, captures or runs eager, and the backend carries the decision out.
 """
 
 from __future__ import annotations
@@ -12,11 +11,13 @@ import logging
 import os
 import time
 from abc import ABCMeta, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from ..buffers import GraphInputsChanged
+from ..config import switches
 from ..install import patching
-from . import counters, faults, ranks, switches
+from . import counters, failures
 from .counters import GraphStats
 from .guard import StaleGraphGuard
 from .key import GraphKey
@@ -25,6 +26,22 @@ from .shadow import ShadowCheck
 logger = logging.getLogger("vendor_graph")
 
 OVERSIZE = "batch above the largest captured size"
+
+
+class StepMetadata:
+    """What a step's ``attn_metadata`` and ``StepContext`` hold before a graph's fill re-binds them to the
+    graph's (padded) buffers; :meth:`restore` gives it back, so an eager fallback after a failed capture
+    or a refused replay computes on the step's own metadata. Costs a shallow copy of two ``__dict__``s."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, *objects: Any):
+        self._saved = [(obj, dict(obj.__dict__)) for obj in objects if hasattr(obj, "__dict__")]
+
+    def restore(self) -> None:
+        for obj, state in self._saved:
+            obj.__dict__.clear()
+            obj.__dict__.update(state)
 
 
 class CaptureFailed(Exception):
@@ -42,36 +59,40 @@ class CaptureFailed(Exception):
         self.hint = hint
 
 
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """What a runner answers for one step, once: everything the policy decides on.
+
+    ``skip``: why graph mode does not serve this step (prefill, graph mode off), else None. ``batch``: the
+    batch it needs a graph for (under DP the global batch every rank pads to). ``key``: its graph's key,
+    None when the batch is above the largest capture size. ``graph``: the key's captured graph (whatever
+    the backend replays), None when there is none yet."""
+
+    skip: str | None
+    batch: int = 0
+    key: GraphKey | None = None
+    graph: Any = None
+
+
 class GraphBackend(metaclass=ABCMeta):  # not ABC: its empty __slots__ would forbid adopting lmdeploy's runner
-    """What :class:`StepPolicy` needs from a runner's mechanism (the runner object itself, which lmdeploy
-    holds): the step's batch and key, and capture / replay / release of the graph of a key."""
+    """The mechanism of a runner (the runner object itself, which lmdeploy holds): it describes a step,
+    captures, replays and releases graphs, and decides nothing."""
 
     label: str  # "vendor_graph.<vendor>", the prefix of every log line
     model: Any
     ctx_mgr: Any
 
     @abstractmethod
-    def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
-        """Why this step is not graph mode's to serve (prefill, graph mode off), or None."""
+    def view(self, kwargs: dict[str, Any]) -> StepView:
+        """This step as the policy needs it (see :class:`StepView`)."""
 
     @abstractmethod
     def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
-        """Run a step :meth:`skip_reason` excluded, for ``reason``."""
-
-    @abstractmethod
-    def wanted_batch(self, kwargs: dict[str, Any]) -> int:
-        """The batch this step needs a graph for (under DP: the global batch every rank pads to)."""
+        """Run a step that :meth:`view` said graph mode does not serve, for ``reason``."""
 
     @abstractmethod
     def capture_sizes(self) -> list[int]:
         """The graph batch sizes, ascending."""
-
-    @abstractmethod
-    def graph_key(self, kwargs: dict[str, Any]) -> GraphKey:
-        """This step's key, for a batch within the capture sizes."""
-
-    @abstractmethod
-    def has_graph(self, key: GraphKey) -> bool: ...
 
     @abstractmethod
     def capture(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
@@ -79,10 +100,10 @@ class GraphBackend(metaclass=ABCMeta):  # not ABC: its empty __slots__ would for
         :class:`CaptureFailed` (or any error) with nothing of the capture left behind."""
 
     @abstractmethod
-    def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
-        """Fill, refresh the host values the graph holds, replay and slice: the step's outputs for
-        its real tokens. Raises :class:`~vendor_graph.buffers.GraphInputsChanged` before replaying
-        when the graph cannot serve these inputs."""
+    def replay(self, view: StepView, kwargs: dict[str, Any]) -> Any:
+        """Fill, refresh the host values the graph holds, replay ``view.graph`` and slice: the step's
+        outputs for its real tokens. Raises :class:`~vendor_graph.buffers.GraphInputsChanged` before the
+        replay when the graph cannot serve these inputs."""
 
     @abstractmethod
     def release(self, key: GraphKey | None) -> None:
@@ -119,6 +140,7 @@ class StepPolicy:
         self._warned_oversize = False
         self._progress: counters.CaptureProgress | None = None
         self._replays_at_reset = 0
+        self._replay_range = f"{backend.label}.replay"
         switches.apply_debug()
         counters.register(backend, self.stats)
         intact = patching.ensure_owned("where a graph runner was built")
@@ -128,27 +150,20 @@ class StepPolicy:
 
     def step(self, kwargs: dict[str, Any]) -> Any:
         backend = self.backend
-        patching.ensure_owned("before a graph step")
-        reason = backend.skip_reason(kwargs)
-        if reason is not None:
+        view = backend.view(kwargs)
+        if view.skip is not None:
             if switches.DEBUG:
-                logger.debug("%s: step outside graph mode (%s)", backend.label, reason)
-            return backend.forward_skipped(reason, kwargs)
-        wanted, largest = backend.wanted_batch(kwargs), backend.capture_sizes()[-1]
-        if wanted > largest:
-            self.stats.decoded(wanted, max(1, kwargs["input_ids"].size(-1) // wanted))
-            if not self._warned_oversize:
-                self._warned_oversize = True
-                logger.warning("%s: a batch of %d is above the largest captured size %d and ran eager (every such "
-                               "step does); raise max_batch_size or add the size to cudagraph_capture_batch_sizes "
-                               "to capture it", backend.label, wanted, largest)
-            return self.eager(OVERSIZE, kwargs)
-        key = backend.graph_key(kwargs)
-        self.stats.decoded(wanted, key.query_len)
-        reason = self.eager_reasons.get(key)
-        if reason is not None:
-            return self.eager(reason, kwargs)
-        if not backend.has_graph(key):
+                logger.debug("%s: step outside graph mode (%s)", backend.label, view.skip)
+            return backend.forward_skipped(view.skip, kwargs)
+        key = view.key
+        if key is None:
+            return self._oversize(view.batch, kwargs)
+        self.stats.decoded(view.batch, key.query_len)
+        if self.eager_reasons:
+            reason = self.eager_reasons.get(key)
+            if reason is not None:
+                return self.eager(reason, kwargs)
+        if view.graph is None:
             return self._capture(key, kwargs)
         stale = self.guard.check(key, kwargs)
         if stale is not None:
@@ -157,7 +172,7 @@ class StepPolicy:
             self.stats.stale(key.padded_batch)
             self.release(None if stale.all_graphs else key)
             return self._capture(key, kwargs)
-        return self._replay(key, kwargs)
+        return self._replay(view, kwargs)
 
     def eager(self, reason: str, kwargs: dict[str, Any]) -> Any:
         """Run a decode step eagerly, counted under ``reason``."""
@@ -192,25 +207,37 @@ class StepPolicy:
             self._progress.done()
             self._progress = None
 
+    def _oversize(self, batch: int, kwargs: dict[str, Any]) -> Any:
+        backend = self.backend
+        largest = backend.capture_sizes()[-1]
+        self.stats.decoded(batch, max(1, kwargs["input_ids"].size(-1) // batch))
+        if not self._warned_oversize:
+            self._warned_oversize = True
+            logger.warning("%s: a batch of %d is above the largest captured size %d and ran eager (every such "
+                           "step does); raise max_batch_size or add the size to cudagraph_capture_batch_sizes "
+                           "to capture it", backend.label, batch, largest)
+        return self.eager(OVERSIZE, kwargs)
+
     def _capture(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
         backend = self.backend
+        patching.ensure_owned("before a capture")  # a graph captured through another's methods is wrong for good
         if self._progress is None and self.stats.replays == self._replays_at_reset:  # lmdeploy's warmup captures
             self._progress = self.stats.progress(len(backend.capture_sizes()))
         # The fill re-binds the step's attn_metadata and StepContext to the graph's buffers: keep the
         # step's own for an eager fallback.
-        own = faults.StepMetadata(kwargs.get("attn_metadata"), backend.ctx_mgr.current_context())
+        own = StepMetadata(kwargs.get("attn_metadata"), backend.ctx_mgr.current_context())
         memory_before = backend.device_memory()
         start = time.perf_counter()
         try:
             outputs = backend.capture(key, kwargs)
         except CaptureFailed as exc:
-            ranks.peers_failed(False)
+            failures.peers_failed(False)
             return self._capture_failed(key, kwargs, own, exc, exc.__cause__ or exc)
         except Exception as exc:  # noqa: BLE001 - any capture failure: this key runs eager, serving goes on
             backend.release(key)
-            ranks.peers_failed(False)
+            failures.peers_failed(False)
             return self._capture_failed(key, kwargs, own, CaptureFailed(str(exc)), exc)
-        failed = ranks.peers_failed(True)
+        failed = failures.peers_failed(True)
         if failed:  # this step's outputs are right; the key runs eager from now on, as on the ranks that failed
             backend.release(key)
             reason = (f"capture failed on rank(s) {failed}: this key runs eager on every rank, so their "
@@ -230,11 +257,11 @@ class StepPolicy:
         logger.info("%s: captured %s in %.3fs", backend.label, key, seconds)
         return outputs
 
-    def _capture_failed(self, key: GraphKey, kwargs: dict[str, Any], own: faults.StepMetadata,
+    def _capture_failed(self, key: GraphKey, kwargs: dict[str, Any], own: StepMetadata,
                         failed: CaptureFailed, cause: BaseException) -> Any:
         label = self.backend.label
         if failed.fault:
-            reason = faults.capture_failure_reason(cause, failed.hint)
+            reason = failures.capture_failure_reason(cause, failed.hint)
             self.stats.capture_failed(key.padded_batch)
             logger.error("%s: capturing %s failed; it runs eager from now on (serving continues): %s",
                          label, key, reason, exc_info=cause)
@@ -249,15 +276,17 @@ class StepPolicy:
         own.restore()
         return self.eager(reason, kwargs)
 
-    def _replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
-        backend = self.backend
-        self._end_progress()  # the up-front captures are over
-        own = faults.StepMetadata(kwargs.get("attn_metadata"), backend.ctx_mgr.current_context())
+    def _replay(self, view: StepView, kwargs: dict[str, Any]) -> Any:
+        backend, key = self.backend, view.key
+        if self._progress is not None:
+            self._end_progress()  # the up-front captures are over
+        # The fill re-binds the step's metadata to the graph's buffers: keep the step's own for an eager
+        # fallback (a model's own fill may refuse after binding) and for the shadow check.
+        own = StepMetadata(kwargs.get("attn_metadata"), backend.ctx_mgr.current_context())
         real_tokens = kwargs["input_ids"].size(-1)
-        real_batch = real_tokens // key.query_len
         try:
-            with counters.profile_range(f"{backend.label}.replay", real_batch, key.padded_batch):
-                outputs = backend.replay(key, kwargs)
+            with counters.profile_range(self._replay_range, real_tokens // key.query_len, key.padded_batch):
+                outputs = backend.replay(view, kwargs)
         except GraphInputsChanged as exc:  # raised by the fill, before the replay: this step runs eager
             own.restore()
             reason = f"inputs differ from the capture: {exc}"
@@ -266,14 +295,14 @@ class StepPolicy:
             return self.eager(reason, kwargs)
         self.stats.replayed(key.padded_batch, real_tokens, key.padded_tokens)
         if switches.DEBUG:
-            logger.debug("%s: replayed %s for a batch of %d", backend.label, key, real_batch)
+            logger.debug("%s: replayed %s for a batch of %d", backend.label, key, real_tokens // key.query_len)
         if self.shadow.due():
             return self._shadow(key, kwargs, outputs, own)
         return outputs
 
-    def _shadow(self, key: GraphKey, kwargs: dict[str, Any], outputs: Any, own: faults.StepMetadata) -> Any:
-        """Run the step eagerly on its own inputs and compare with the replay (vendor_graph.runtime.shadow). The
-        eager run writes the same K/V values into the same live slots the replay wrote."""
+    def _shadow(self, key: GraphKey, kwargs: dict[str, Any], outputs: Any, own: StepMetadata) -> Any:
+        """Run the step eagerly on its own inputs and compare with the replay (vendor_graph.runtime.shadow).
+        The eager run writes the same K/V values into the same live slots the replay wrote."""
         label = self.backend.label
         real_batch = kwargs["input_ids"].size(-1) // key.query_len
         own.restore()
@@ -282,7 +311,7 @@ class StepPolicy:
             eager = model.make_output_buffers(model(**kwargs))
         problem = self.shadow.compare(outputs, eager)
         self.stats.shadowed(key.padded_batch, problem is not None)
-        diverged_elsewhere = ranks.peers_failed(problem is None)  # every rank checks the same replay
+        diverged_elsewhere = failures.peers_failed(problem is None)  # every rank checks the same replay
         if problem is None:
             if diverged_elsewhere and self.shadow.action == "eager":
                 reason = (f"shadow check: graph differed from eager on rank(s) {diverged_elsewhere}: this key "
@@ -298,4 +327,4 @@ class StepPolicy:
         return outputs
 
 
-__all__ = ["OVERSIZE", "CaptureFailed", "GraphBackend", "StepPolicy"]
+__all__ = ["OVERSIZE", "CaptureFailed", "GraphBackend", "StepMetadata", "StepPolicy", "StepView"]

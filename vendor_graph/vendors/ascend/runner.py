@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ...runtime import counters, switches
+from ...config import switches
+from ...runtime import counters
 from ...runtime.key import GraphKey
-from ...runtime.step import CaptureFailed, GraphBackend, StepPolicy
+from ...runtime.step import CaptureFailed, GraphBackend, StepPolicy, StepView
 from ...sizing import buckets, capacity
 from ...sizing.buckets import ascend_capture_sizes
 from . import hook, limits
@@ -60,6 +61,9 @@ class AscendSingleGraph:
         return {t.path for t in self.tasks}
 
 
+NOT_DECODING = StepView("not a decode step")
+
+
 class GraphUnsafe(RuntimeError):
     """This key cannot be captured so that its replays are right; it runs eager."""
 
@@ -101,6 +105,7 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         self._pool: Any = None
         self._update_stream: Any = None
         self._fence: Any = None  # event recorded on the replay stream after each replay (re-recorded)
+        self._extra_key = hasattr(model, "get_cudagraph_extra_key")
         self.policy = StepPolicy(self)
 
     # -- lmdeploy GraphRunner API -----------------------------------------------------------------
@@ -112,15 +117,18 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         return list(self._sizes)
 
     def get_graph_key(self, input_ids: torch.Tensor, attn_metadata: Any = None, **kwargs) -> GraphKey:
+        rows = attn_metadata.block_offsets.size(0)
         context = self.ctx_mgr.current_context()
-        batch = attn_metadata.block_offsets.size(0)
-        extra = tuple(self.model.get_cudagraph_extra_key(**kwargs)) if hasattr(
-            self.model, "get_cudagraph_extra_key") else ()
+        return self._key(self._wanted(rows), rows, bool(context.global_is_decoding()), context, input_ids, kwargs)
+
+    def _key(self, batch: int, rows: int, decoding: bool, context: Any, input_ids: torch.Tensor,
+             kwargs: dict[str, Any]) -> GraphKey:
+        extra = tuple(self.model.get_cudagraph_extra_key(**kwargs)) if self._extra_key else ()
         return GraphKey(
-            padded_batch=buckets.pad_to_bucket(self._sizes, self._wanted(batch)),
-            decoding=bool(context.global_is_decoding()),
+            padded_batch=buckets.pad_to_bucket(self._sizes, batch),
+            decoding=decoding,
             microbatch=bool(getattr(context, "enable_microbatch", False)),
-            query_len=max(1, input_ids.size(-1) // batch),
+            query_len=max(1, input_ids.size(-1) // rows),
             extra=extra,
         )
 
@@ -148,12 +156,18 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
 
     # -- GraphBackend -----------------------------------------------------------------------------
 
-    def skip_reason(self, kwargs: dict[str, Any]) -> str | None:
-        if not self.ctx_mgr.current_context().global_is_decoding():
-            return "not a decode step"
+    def view(self, kwargs: dict[str, Any]) -> StepView:
+        context = self.ctx_mgr.current_context()
+        if not context.global_is_decoding():
+            return NOT_DECODING
         if not self.enable_graph(**kwargs):
-            return self._off_reason
-        return None
+            return StepView(self._off_reason)
+        rows = kwargs["attn_metadata"].block_offsets.size(0)
+        batch = self._wanted(rows)
+        if batch > self._sizes[-1]:
+            return StepView(None, batch)
+        key = self._key(batch, rows, True, context, kwargs["input_ids"], kwargs)
+        return StepView(None, batch, key, self._graphs.get(key))
 
     def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
         return self.policy.eager(reason, kwargs)
@@ -162,17 +176,8 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
         padding = self.get_meta().padding_batch_size  # DP: the global batch every rank pads to
         return batch if padding is None else padding
 
-    def wanted_batch(self, kwargs: dict[str, Any]) -> int:
-        return self._wanted(kwargs["attn_metadata"].block_offsets.size(0))
-
     def capture_sizes(self) -> list[int]:
         return self._sizes
-
-    def graph_key(self, kwargs: dict[str, Any]) -> GraphKey:
-        return self.get_graph_key(**kwargs)
-
-    def has_graph(self, key: GraphKey) -> bool:
-        return key in self._graphs
 
     def device_memory(self) -> int | None:
         return counters.device_memory(self._runtime()[0])
@@ -322,9 +327,9 @@ class AscendGraphRunner(GraphRunner, GraphBackend):
                 return f"NPUGraph.update would reach {got} of the {wanted} attention tasks registered for it"
         return None
 
-    def replay(self, key: GraphKey, kwargs: dict[str, Any]) -> Any:
+    def replay(self, view: StepView, kwargs: dict[str, Any]) -> Any:
         npu = self._npu
-        graph = self._graphs[key]
+        graph = view.graph
         self._bind(graph, kwargs)
         lens = graph.meta.input_buffers[HOST_KV_SEQLENS].tolist()  # host buffer: no device sync
         self._refresh_seqlens(graph, lens)

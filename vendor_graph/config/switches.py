@@ -16,7 +16,7 @@ import logging
 import sys
 import threading
 
-from ..config import settings
+from . import settings
 
 DISABLE_ENV = settings.variable("disable")
 DEBUG_ENV = settings.variable("debug")

@@ -1,14 +1,13 @@
-"""Rank agreement: decisions every rank of one engine shares.
+"""Capture failures and the agreement of every rank on them.
 
-With tensor parallelism every rank replays its own graph of the same key, and the collectives inside
-must match: a rank running a step eagerly (its real batch) while another replays a graph (the padded
-bucket) all-reduce tensors of different sizes, which hangs or corrupts the step. Keys and capture sizes
-agree by construction (derived from inputs every rank shares), and so does a fitted size plan (every rank
-reads the same stats files). A capture can fail, and a shadow check can diverge, on one rank only, so
-their outcome is agreed by one collective on the engine's CPU process group, held at each capture and at
-each shadow-checked replay (the same steps on every rank) and never on a plain replay step: when any rank
-failed, every rank runs that key eagerly. Not agreed: the stale-graph guard's verdict, whose causes (a
-wake-up, a weight update, new KV caches) reach every rank at once.
+A failed capture leaves nothing half-made and marks its key eager with :func:`capture_failure_reason`
+(the remedy included). With tensor parallelism a capture or a shadow check can fail on one rank only, while
+the collectives inside a graph must match on every rank (a rank running its real batch eagerly while another
+replays the padded bucket all-reduces tensors of another size): :func:`peers_failed` agrees on the outcome
+with one gather on the engine's CPU group, at each capture and each shadow-checked replay, never on a plain
+replay; when any rank failed, every rank runs that key eagerly. Keys, capture sizes and a fitted plan agree by
+construction (every rank derives them from inputs all ranks share); the stale-graph guard's verdict is not
+agreed, since its causes (a wake-up, a weight update, new KV caches) reach every rank at once.
 """
 
 from __future__ import annotations
@@ -17,7 +16,35 @@ import logging
 import sys
 from typing import Any
 
+import torch
+
 logger = logging.getLogger("vendor_graph")
+
+OOM_REMEDY = ("out of device memory while capturing: capture fewer or smaller sizes "
+              "(cudagraph_capture_batch_sizes, max_batch_size) or leave more memory outside the KV cache "
+              "(a lower cache_max_entry_count)")
+
+
+def is_oom(exc: BaseException) -> bool:
+    oom_type = getattr(torch, "OutOfMemoryError", None)
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if oom_type is not None and isinstance(exc, oom_type):
+            return True
+        if isinstance(exc, (RuntimeError, MemoryError)) and "out of memory" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def capture_failure_reason(exc: BaseException, hint: str | None = None) -> str:
+    reason = f"capture failed: {type(exc).__name__}: {exc}"
+    if is_oom(exc):
+        reason += f"; {OOM_REMEDY}"
+    if hint:
+        reason += f"; {hint}"
+    return reason
 
 
 def agreement_group() -> Any:
@@ -56,7 +83,6 @@ def peers_failed(ok: bool) -> list[int]:
             logger.warning("vendor_graph: %d ranks but no CPU (gloo) process group: a capture that fails on one "
                            "rank only is not agreed with the others", dist.get_world_size())
         return []
-    import torch
     import torch.distributed as dist
 
     flags = [torch.zeros(1, dtype=torch.int32) for _ in range(dist.get_world_size(group))]
@@ -65,4 +91,4 @@ def peers_failed(ok: bool) -> list[int]:
     return [rank for rank, flag in enumerate(flags) if rank != me and int(flag.item())]
 
 
-__all__ = ["agreement_group", "peers_failed"]
+__all__ = ["OOM_REMEDY", "agreement_group", "capture_failure_reason", "is_oom", "peers_failed"]
