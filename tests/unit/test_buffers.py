@@ -512,25 +512,37 @@ def test_inputs_that_appear_or_vanish_in_the_steady_state_are_refused(with_conte
         spec.fill(meta, inputs, attn, ctx if with_context else None)
 
 
-def test_on_cuda_the_fast_fill_copies_in_one_call_per_dtype_group():
+def test_on_cuda_the_fast_fill_copies_every_dense_pair_in_one_call_over_bytes():
     """torch's CUDA ``_foreach_copy_`` makes one kernel of a call only when every pair is dense with equal
-    strides and the call has one source and one destination dtype: the program groups its pairs so, and
-    makes expanded pad values dense; a 2-D slice of a wider block table goes in a call of its own."""
-    from vendor_graph.buffers.fast import _device_calls
+    strides and the call has one source and one destination dtype: the program puts every dense pair without
+    a conversion (int64 and int32 alike) in one call over byte views, makes expanded pad values dense so they
+    join it, and gives a converting pair and a 2-D slice of a wider block table a call each. Run as the fill
+    runs them, the calls write exactly what per-pair copies write."""
+    from vendor_graph.buffers.fast import _AS_BYTES, _device_calls
 
-    ids, table, slots = torch.zeros(1, 8, dtype=torch.int64), torch.zeros(8, 6, dtype=torch.int32), \
-        torch.zeros(8, dtype=torch.int32)
-    lens = torch.zeros(8, dtype=torch.int32)
+    def buffers():
+        return (torch.zeros(1, 8, dtype=torch.int64), torch.zeros(8, 6, dtype=torch.int32),
+                torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+
+    sources = (torch.arange(1, 6, dtype=torch.int64).view(1, 5), torch.arange(15, dtype=torch.int32).view(5, 3) + 7,
+               torch.arange(5, dtype=torch.int32) + 100, torch.arange(5, dtype=torch.int64) + 1000)
     pad = torch.full((1,), -1, dtype=torch.int32)
-    triples = [(ids[:, :5], torch.ones(1, 5, dtype=torch.int64), 0),
-               (table[:5, :3], torch.ones(5, 3, dtype=torch.int32), 1),
-               (slots[:5], torch.ones(5, dtype=torch.int32), 2),
-               (lens[:5], torch.ones(5, dtype=torch.int64), 3),
-               (slots[5:7], pad.expand(2), None)]
-    calls = _device_calls(triples, by_dtype=True)
-    groups = [([tuple(d.shape) for d in dsts], live(("a", "b", "c", "d")), [p.is_contiguous() for p in pads])
-              for dsts, live, pads in calls]
-    assert groups == [([(1, 5)], ("a",), []), ([(5, 3)], ("b",), []), ([(5,), (2,)], ("c",), [True]),
-                      ([(5,)], ("d",), [])]  # int64 lengths into an int32 buffer: a dtype pair of its own
-    (everything,) = _device_calls(triples, by_dtype=False)
+
+    def triples(ids, table, slots, lens):
+        return [(ids[:, :5], sources[0], 0), (table[:5, :3], sources[1], 1), (slots[:5], sources[2], 2),
+                (lens[:5], sources[3], 3), (slots[5:7], pad.expand(2), None)]
+
+    fused = buffers()
+    calls = _device_calls(triples(*fused), by_dtype=True)
+    shapes = [([tuple(d.shape) for d in dsts], [d.dtype for d in dsts], as_bytes) for dsts, _, _, as_bytes in calls]
+    assert shapes == [([(1, 40), (20,), (8,)], [torch.uint8] * 3, True),
+                      ([(5, 3)], [torch.int32], False),  # a 2-D slice of a wider table: not dense
+                      ([(5,)], [torch.int32], False)]  # int64 lengths into an int32 buffer: a conversion
+    for dsts, live, pads, as_bytes in calls:
+        torch._foreach_copy_(dsts, [*map(_AS_BYTES, live(sources)), *pads] if as_bytes else [*live(sources), *pads])
+    expected = buffers()
+    for dst, src, _slot in triples(*expected):
+        dst.copy_(src)
+    assert all(torch.equal(a, b) for a, b in zip(fused, expected, strict=True))
+    (everything,) = _device_calls(triples(*buffers()), by_dtype=False)
     assert len(everything[0]) == 5 and everything[1](("a", "b", "c", "d")) == ("a", "b", "c", "d")

@@ -101,7 +101,7 @@ class _Program:
     """One learnt step of the fast fill: per copy call, its destinations, which of the write fields'
     sources go first (a picker), then the pad sources of the padding resets."""
 
-    dev_calls: list[tuple[list[torch.Tensor], Callable[[tuple], tuple], list[torch.Tensor]]]
+    dev_calls: list[tuple[list[torch.Tensor], Callable[[tuple], tuple], list[torch.Tensor], bool]]
     host_dsts: list[torch.Tensor]
     host_live: Callable[[tuple], tuple]
     host_pads: list[torch.Tensor]
@@ -113,21 +113,36 @@ def _fusable(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return dst.is_contiguous() and src.is_contiguous() and dst.shape == src.shape
 
 
+_AS_BYTES = operator.methodcaller("view", torch.uint8)
+
+
 def _device_calls(pairs: list[tuple[torch.Tensor, torch.Tensor, int | None]], by_dtype: bool) -> list:
     """The device copy calls of a program from its (destination, source seen now, source slot or None for
-    a padding reset) triples: one foreach over all, or (CUDA, ``by_dtype``) one per (destination dtype,
-    source dtype) group of fusable pairs plus one for the rest, pad values made dense so they fuse too."""
+    a padding reset) triples: one foreach over all, or (CUDA, ``by_dtype``) one kernel's worth per call: every
+    fusable pair without a dtype conversion in one call over byte views (int64 and int32 fields in one kernel),
+    a call per converting (destination, source) dtype pair, one for the rest; pad values made dense so they
+    fuse too. A call's last element says its live sources are viewed as bytes at each step."""
     groups: dict[Any, list] = {}
     for dst, src, slot in pairs:
         if slot is None and by_dtype and dst.is_contiguous() and not src.is_contiguous():
             src = src.contiguous()  # an expanded pad value: dense, made once for this program
-        key = "all" if not by_dtype else (dst.dtype, src.dtype) if _fusable(dst, src) else "rest"
+        if not by_dtype:
+            key = "all"
+        elif not _fusable(dst, src):
+            key = "rest"
+        elif dst.dtype == src.dtype and dst.dim() > 0 and dst.stride(-1) == 1 and src.stride(-1) == 1:
+            key = "bytes"
+        else:
+            key = (dst.dtype, src.dtype)
         groups.setdefault(key, []).append((dst, src, slot))
     calls = []
-    for members in groups.values():
+    for key, members in groups.items():
         live = [m for m in members if m[2] is not None]
         pads = [m for m in members if m[2] is None]
-        calls.append(([m[0] for m in live + pads], _picker([m[2] for m in live]), [m[1] for m in pads]))
+        dsts, pad_srcs = [m[0] for m in live + pads], [m[1] for m in pads]
+        if key == "bytes":
+            dsts, pad_srcs = list(map(_AS_BYTES, dsts)), list(map(_AS_BYTES, pad_srcs))
+        calls.append((dsts, _picker([m[2] for m in live]), pad_srcs, key == "bytes"))
     return calls
 
 
@@ -250,8 +265,8 @@ class FastFill:
         if program is None:
             return None
         try:
-            for dsts, live, pads in program.dev_calls:
-                self.copy_device(dsts, [*live(srcs), *pads])
+            for dsts, live, pads, as_bytes in program.dev_calls:
+                self.copy_device(dsts, [*map(_AS_BYTES, live(srcs)), *pads] if as_bytes else [*live(srcs), *pads])
             if program.host_dsts:
                 copy_host(program.host_dsts, [*program.host_live(srcs), *program.host_pads])
         except (TypeError, RuntimeError):
