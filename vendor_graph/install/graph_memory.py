@@ -9,14 +9,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..sizing import capacity
 from ..sizing.capacity import CapturePlanError
 from . import patching
-
-if TYPE_CHECKING:
-    from .profile import VendorProfile
 
 logger = logging.getLogger("vendor_graph")
 
@@ -24,7 +21,7 @@ EXECUTOR_MODULE = "lmdeploy.pytorch.engine.executor.base"
 EXECUTOR_CLASS = "ExecutorBase"
 
 
-def _spec(profile: VendorProfile) -> Any:
+def _spec(profile: Any) -> Any:
     """The vendor's buffer spec on this lmdeploy, None where it cannot be had."""
     try:
         return profile.spec
@@ -32,7 +29,7 @@ def _spec(profile: VendorProfile) -> Any:
         return None
 
 
-def wrap_reserve_runtime_mem(original: Callable, profile: VendorProfile) -> Callable:
+def wrap_reserve_runtime_mem(original: Callable, profile: Any) -> Callable:
     """lmdeploy's ``ExecutorBase._reserve_runtime_mem``, then the reservation for the graphs ``profile``'s runners
     will capture taken from every rank's free memory before the KV cache is sized from it."""
     if getattr(original, "_vendor_graph_capacity", False):
@@ -71,8 +68,9 @@ def wrap_reserve_runtime_mem(original: Callable, profile: VendorProfile) -> Call
     return _reserve_runtime_mem
 
 
-def install(activation: patching.Activation, profile: VendorProfile) -> None:
-    """Wrap lmdeploy's ``ExecutorBase._reserve_runtime_mem`` for ``profile`` (now, or when its module is imported)."""
+def install(activation: patching.Activation, profile: Any) -> None:
+    """Wrap lmdeploy's ``ExecutorBase._reserve_runtime_mem`` for ``profile`` (the vendor's ``VendorProfile``), now or
+    when its module is imported."""
 
     def patch(module: Any) -> None:
         executor = getattr(module, EXECUTOR_CLASS, None)

@@ -1,20 +1,7 @@
-"""Graph invalidation around lmdeploy's engine lifecycle (sleep, wake-up, weight updates).
-
-What lmdeploy 0.16-0.18 do themselves (``ModelAgent`` in ``lmdeploy/pytorch/engine/model_agent/agent.py``):
-``sleep()`` calls ``reset_graph_runner()`` (-> the runner's ``reset()``) before moving weights off the
-device and dropping the cache engine; ``wakeup()`` does not reset, but by then the runner is empty,
-and it builds a new cache engine (new KV tensors) and warms up, or rebuilds the runner (wake-up from
-``meta``); ``update_weights_from_distributed()`` resets when the update is finished.
-
-The gap: ``update_params()`` (the IPC weight update used by RL frameworks) never resets the graph
-runner in any of the three releases, although its ``finished`` step runs ``update_weights()`` /
-``process_weights_after_loading()``, which may register new Parameter objects (lmdeploy's own
-comment in ``update_weights_from_distributed`` says captured graphs then read freed weights).
-:func:`install` wraps ``BaseModelAgent.update_params`` so that a finished update (successful or not)
-also calls ``reset_graph_runner()``; the stale-graph guard's weight check (:mod:`vendor_graph.runtime.guard`)
-remains a second line. Runner-agnostic: call ``lifecycle.install()`` where the runner is built (the
-Ascend builder does); it is idempotent, restored by ``vendor_graph.uninstall()``, and costs nothing
-per step.
+"""Graphs dropped after lmdeploy's IPC weight update, which resets the graph runner in none of lmdeploy
+0.16-0.18 (sleep, wake-up and the distributed update do reset it): :func:`install` wraps
+``BaseModelAgent.update_params`` so a finished update also calls ``reset_graph_runner()``. The stale-graph guard's
+weight check stays a second line. What lmdeploy does at each lifecycle step: docs/upstream.md.
 """
 
 from __future__ import annotations

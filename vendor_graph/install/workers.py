@@ -1,21 +1,12 @@
 """lmdeploy's spawned workers (the ``mp`` executor, every multi-rank engine): a worker that dies stops the engine
-at once, with the worker's error, instead of leaving it waiting.
+at once, with the worker's error, instead of leaving it waiting for a reply that never comes (lmdeploy waits
+with no timeout, and its own ``SIGUSR1`` way out deadlocks: docs/upstream.md).
 
-lmdeploy's ``MPExecutor`` waits for its workers' replies with no timeout. A worker that fails before its
-command loop starts (importing the device backend, building its wrapper, joining the process group) exits
-without telling the parent, and so does one killed from outside: the parent then waits forever (``pipeline()``
-and the server hang, holding their semaphores). Failures inside the loop lmdeploy reports itself, with
-``SIGUSR1`` to the parent, whose handler stops the executor and exits with status 1.
-
-lmdeploy's handler cannot be the way out either: run on the main thread while that thread waits for a
-reply, it closes the notifier whose lock the interrupted wait holds, and deadlocks.
-
-Here, in the parent, a watcher thread follows each worker's process sentinel from the moment the executor has
-spawned them until it is stopped or released (or the interpreter exits). A worker that exits before that is
-logged with the first line of its error; the other workers are terminated and the process exits with status 1
-from the watcher thread: what lmdeploy's handler means to do, without its deadlock. In the worker, which
-inherits the reports folder (:data:`REPORTS_ENV`) and runs vendor_graph's autoload, the entry point records an
-exception that escapes it in that folder, where the parent reads it.
+In the parent, a watcher thread follows each worker's process sentinel from the moment the executor has spawned
+them until it is stopped or released; a worker that exits before that is logged with the first line of its
+error, the other workers are terminated and the process exits with status 1. In the worker, which inherits the
+reports folder (:data:`REPORTS_ENV`) and runs vendor_graph's autoload, an exception that escapes the entry point
+is recorded in that folder, where the parent reads it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Those vendors expose a CUDA-style graph API, so they reuse lmdeploy's runner: the vendor op backend's
 builder builds it as usual (0.18's also registers its warm-up metadata) and :func:`adopt` makes that
 object an instance of a thin subclass whose steps :class:`~vendor_graph.runtime.step.StepPolicy` decides.
-Capture and replay stay lmdeploy's own (keys, buffers through the patched mixin, pool).
+Keys and capture stay lmdeploy's (buffers through the patched mixin, its pool); a replay fills, binds and
+replays lmdeploy's captured graph directly.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Stale-graph guard: a captured graph reads fixed addresses it does not own (the KV caches in
-``past_key_values``, the model's weights); replaying it after one of them moved would read (and, for KV caches,
-write) freed or foreign memory. Each foreign tensor's data_ptr, shape, dtype and stride are recorded at capture
-and checked before every replay.
+"""Stale-graph guard: a captured graph reads addresses it does not own (the KV caches in ``past_key_values``,
+the model's weights); replaying it after one of them moved would read, and for KV caches write, freed or foreign
+memory. Each foreign tensor's data_ptr, shape, dtype and stride are recorded at capture and checked before a
+replay; sleep, wake-up and weight updates drop every graph through the runner's ``reset()``
+(docs/internals.md).
 
-Every graph goes stale at once on sleep, wake-up and weight updates: lmdeploy 0.16-0.18 call the runner's
-``reset()`` from ``ModelAgent.sleep`` and from ``update_params`` / ``_finalize_updated_weights``, and rebuild
-the runner on a wake-up from ``meta``.
-
-Cost per replay: O(1) while ``past_key_values`` is the same container object as at the last full check
-(lmdeploy passes its cache engine's list every step) and no recorded tensor was freed (a weakref callback sets a
-flag); otherwise, and every ``FULL_CHECK_EVERY`` checks, a full compare of the flattened caches. A new cache list
-or a freed cache tensor is thus seen at the next replay, storage swapped in place inside the same list only
-within ``FULL_CHECK_EVERY`` steps. Weights are compared only every ``weights_every`` checks, since walking a
-large model's parameters costs more than a step should.
+Cost per replay: O(1) while ``past_key_values`` is the container verified last (lmdeploy passes its cache
+engine's list every step) and no recorded tensor was freed (a weakref callback says so); otherwise, and every
+``FULL_CHECK_EVERY`` checks, a compare of the flattened caches. Weights are compared every ``weights_every``
+checks: walking a large model's parameters costs more than a step should.
 """
 
 from __future__ import annotations
