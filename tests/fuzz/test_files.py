@@ -11,6 +11,7 @@ from fuzz_strategies import capture_size_files, stats_files
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vendor_graph import vendors
 from vendor_graph.config import settings
 from vendor_graph.sizing import capacity, planning
 
@@ -59,7 +60,7 @@ def test_settings_naming_generated_stats_files(tmp_path, plan, content):
                              quiet=True)
     assert seconds < BOUND, seconds
     assert isinstance(value, (capacity.CapturePlan, capacity.CapturePlanError)), repr(value)
-    value, seconds = bounded(capacity.reservation, 16, current, vendor="ascend")
+    value, seconds = bounded(capacity.reservation, 16, current, spec=vendors.profile("ascend").spec)
     assert seconds < BOUND, seconds
     assert isinstance(value, (capacity.Reservation, capacity.CapturePlanError)), repr(value)
 

@@ -130,7 +130,7 @@ def _report_scripts() -> tuple[Any, Any]:
 def _h200_reports() -> str:
     """The H200 reports as the report scripts render them from the saved raw results."""
     h200, capacity = _report_scripts()
-    parts = [h200.markdown(h200.summarise(RESULTS / "h200"))]
+    parts = [h200.markdown(h200.summarise(RESULTS / folder)) for folder in ("h200", "h200_part3_2026-12-01")]
     for folder in ("capacity_h200", "capacity_refit_h200"):
         parts.append("\n".join(capacity.markdown(capacity.report(RESULTS / folder))))
     parts += [p.read_text() for p in sorted((RESULTS / "graph_leaks").glob("*"))]  # the leak runs' own output
