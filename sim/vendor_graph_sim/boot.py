@@ -13,6 +13,14 @@ when it checks its environment). From then on, for the rest of the process:
 * the modules that no CPU build can provide are labelled stand-ins (:data:`STANDIN_LABEL`), each only where
   the real module cannot work here (:func:`standin_reason`).
 
+``VENDOR_GRAPH_SIM=camb`` and ``VENDOR_GRAPH_SIM=maca`` are the two other vendors' devices
+(:mod:`vendor_graph_sim.device._cuda_style` holds their facts): for ``camb``, ``torch_mlu`` is the simulated
+package (its GPU migration maps ``cuda`` onto the ``mlu`` device when imported, as dlinfer's camb package does) and
+``torch_mlu_ops`` a labelled stand-in; for ``maca`` the simulated device comes up with dlinfer's first import (a
+MACA torch's ``cuda`` is its device, so ``cuda`` is mapped from then on), and ``flash_attn``, ``mcoplib`` and
+dlinfer's Triton modules are labelled stand-ins where the real ones are not installed. dlinfer is laid out for the
+vendor (``vendor.yaml``, without the other vendors' packages, as ``DEVICE=<vendor>`` builds it).
+
 A process started from such an interpreter inherits the variable, so lmdeploy's workers, the server and
 whatever ``vendor-graph run`` starts see the same NPU. Unset, this module is never imported. A value that
 names no generation or release, or a real torch_npu installed beside it, makes ``import torch_npu`` raise an
@@ -41,6 +49,10 @@ STANDIN_LABEL = "__vendor_graph_test_standin__"
 # inside them.
 DLINFER_TORCH_NPU_PINS = (">=2.3.1", "<2.10.0")
 ASCEND_VENDOR_YAML = "vendor: ascend\ndispatch_key: PrivateUse1\n"
+# what dlinfer's setup.py writes for each DEVICE (its vendor_dispatch_key_map)
+VENDOR_YAML = {"ascend": ASCEND_VENDOR_YAML, "camb": "vendor: camb\ndispatch_key: PrivateUse1\n",
+               "maca": "vendor: maca\ndispatch_key: CUDA\n"}
+CUDA_STYLE = ("camb", "maca")  # the switch's values for the vendors on lmdeploy's CUDA graph runner
 TRITON_OPS = ("dlinfer.vendor.ascend.triton_ops", "dlinfer.vendor.ascend.triton_ops.reject_sample",
               "dlinfer.vendor.ascend.triton_ops.triton_utils")
 VERSION_MODULE = "dlinfer.vendor.ascend.version"
@@ -51,9 +63,24 @@ class SimSwitchError(ValueError):
     """``VENDOR_GRAPH_SIM`` cannot be honoured here (the message names the fix)."""
 
 
+def simulated_vendor(spec: str) -> str:
+    """The vendor whose device ``spec`` simulates: ``camb``, ``maca``, or ``ascend`` (a torch_npu generation or
+    release); :class:`SimSwitchError` naming the valid values for anything else."""
+    from vendor_graph.config import settings
+
+    from .variables import SIM_SWITCH
+
+    try:
+        value = SIM_SWITCH.parse(spec)
+    except settings.SettingsError as exc:
+        raise SimSwitchError(str(exc)) from None
+    return value if value in CUDA_STYLE else "ascend"
+
+
 def _parse(spec: str) -> tuple[str | None, str | None]:
     """(generation, release) named by ``spec``, one of them None; :class:`SimSwitchError` naming the valid values
-    for anything else. Reads only vendor_graph's settings and release table: it runs at interpreter start."""
+    for anything else (``camb`` / ``maca`` too: they name no torch_npu). Reads only vendor_graph's settings and
+    release table: it runs at interpreter start."""
     from vendor_graph.config import settings
     from vendor_graph.vendors.ascend.releases import GENERATIONS
 
@@ -63,6 +90,9 @@ def _parse(spec: str) -> tuple[str | None, str | None]:
         value = SIM_SWITCH.parse(spec)
     except settings.SettingsError as exc:
         raise SimSwitchError(str(exc)) from None
+    if value in CUDA_STYLE:
+        raise SimSwitchError(f"{spec!r} simulates the {value} device, which has no torch_npu: name a torch_npu "
+                             f"generation such as G5 for the NPU")
     return (value, None) if value in GENERATIONS else (None, value)
 
 
@@ -105,18 +135,24 @@ def _tree_key(package: Path) -> str:
     return digest.hexdigest()[:20]
 
 
-def stage(root: Path) -> Path:
-    """The folder holding ``root``'s ``dlinfer`` package with ``vendor/vendor.yaml`` for Ascend, as dlinfer's
-    build writes it: a copy in the user's cache, made once per source tree and shared by every process."""
+def stage(root: Path, vendor: str = "ascend") -> Path:
+    """The folder holding ``root``'s ``dlinfer`` package with ``vendor/vendor.yaml`` for ``vendor``, as dlinfer's
+    build writes it (for Camb and MACA without the other vendors' packages, as their builds leave them out): a copy
+    in the user's cache, made once per source tree and vendor and shared by every process."""
     package = Path(root) / "dlinfer"
-    target = _cache_root() / _tree_key(package)
+    key = _tree_key(package)
+    target = _cache_root() / (key if vendor == "ascend" else f"{key}-{vendor}")
     if (target / "dlinfer" / "vendor" / "vendor.yaml").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     building = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(building, ignore_errors=True)
     shutil.copytree(package, building / "dlinfer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (building / "dlinfer" / "vendor" / "vendor.yaml").write_text(ASCEND_VENDOR_YAML)
+    if vendor != "ascend":
+        for other in VENDOR_YAML:
+            if other != vendor:
+                shutil.rmtree(building / "dlinfer" / "vendor" / other, ignore_errors=True)
+    (building / "dlinfer" / "vendor" / "vendor.yaml").write_text(VENDOR_YAML[vendor])
     try:
         os.rename(building, target)
     except OSError:  # another process staged the same tree first
@@ -209,7 +245,8 @@ class _Loader(importlib.abc.Loader):
 
 
 class _SimulatedNpuLoader(importlib.abc.Loader):
-    """Brings the simulator up when ``torch_npu`` is imported (not when it is only looked up)."""
+    """Brings the simulator up when ``torch_npu`` (``torch_mlu`` for Camb) is imported (not when it is only looked
+    up)."""
 
     def __init__(self, finder: _Finder) -> None:
         self.finder = finder
@@ -224,21 +261,37 @@ class _SimulatedNpuLoader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """First on ``sys.meta_path``: the simulated ``torch_npu`` (up at its first import; not for ``spec`` None),
-    dlinfer laid out as a build lays it out, the stand-ins."""
+    """First on ``sys.meta_path``: the simulated vendor package (``torch_npu``, or ``torch_mlu`` for Camb; up at
+    its first import; MACA's device with dlinfer's first import; nothing for ``spec`` None), dlinfer laid out as a
+    build for the vendor lays it out, the stand-ins."""
 
-    def __init__(self, spec: str | None, problem: str | None) -> None:
+    def __init__(self, spec: str | None, problem: str | None, vendor: str | None = None) -> None:
         self.spec = spec
         self.problem = problem
+        # a vendor without a spec: its dlinfer layout and kernel stand-ins on this machine's real device
+        self.on_real_device = spec is None and vendor is not None
+        self.vendor = vendor or "ascend"
+        if spec is not None:
+            with contextlib.suppress(SimSwitchError):
+                self.vendor = simulated_vendor(spec)
         self.release: str | None = None
+        self.package: types.ModuleType | None = None
         self.package_spec: importlib.machinery.ModuleSpec | None = None
         self.dlinfer_root: Path | None = None
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname == "torch_npu" and self.spec is not None:
+        if fullname == VENDOR_PACKAGE.get(self.vendor) and self.spec is not None:
             return importlib.machinery.ModuleSpec(fullname, _SimulatedNpuLoader(self), is_package=True)
+        if self.vendor == "camb" and self.package is not None and fullname.startswith("torch_mlu."):
+            from .device import _cuda_style
+
+            return _cuda_style.find_torch_mlu_spec(self.package, fullname)
         if fullname == "dlinfer" and self.problem is None:
             return self._dlinfer_spec()
+        if fullname == "dlinfer" and self.vendor == "maca" and self.spec is not None:
+            raise ImportError(self.problem, name=fullname)  # where MACA's simulated device would come up
+        if fullname in VENDOR_STANDINS.get(self.vendor, ()) and (self.spec is not None or self.on_real_device):
+            return self._vendor_standin(fullname)
         reason = standin_reason(fullname) if fullname in (*TRITON_OPS, VERSION_MODULE, REJECT_SAMPLER) else None
         if reason is not None:
             module = _standin(fullname, reason)
@@ -249,6 +302,13 @@ class _Finder(importlib.abc.MetaPathFinder):
     def bring_up(self) -> types.ModuleType:
         from . import device as sim
 
+        if self.vendor == "camb":
+            from .device import _cuda_style
+
+            self.package = _cuda_style.torch_mlu_package()
+            self.package_spec = importlib.machinery.ModuleSpec("torch_mlu", _Loader(self.package), is_package=True)
+            atexit.register(self.package.__sim_redirect__.restore)
+            return self.package
         self.release = pinned_release(self.spec)
         sim.install()
         scope = sim.use_torch_npu(self.release)
@@ -258,13 +318,57 @@ class _Finder(importlib.abc.MetaPathFinder):
         atexit.register(scope.__exit__, None, None, None)
         return package
 
+    def bring_up_maca(self) -> None:
+        """The simulated MACA device, once: what a MACA torch has from its import on."""
+        if self.vendor != "maca" or self.package is not None or self.spec is None:
+            return
+        if self.problem is not None:
+            raise ImportError(self.problem)
+        import torch
+
+        if torch.version.cuda is not None or torch.cuda.is_available():
+            self.problem = (f"{ENV}=maca is set, but this torch is a CUDA build ({torch.__version__}): the simulator "
+                            f"never runs beside a real device; unset {ENV}")
+            raise ImportError(self.problem)
+        from .device import _cuda_style
+
+        redirect = _cuda_style.maca_device()
+        self.package = sys.modules[f"torch.{_cuda_style.MACA_DEVICE}"]
+        atexit.register(redirect.restore)
+
+    def _vendor_standin(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """A stand-in for a vendor kernel package no CPU build provides (never in front of an installed one)."""
+        top = fullname.split(".")[0]
+        if top != "dlinfer" and _findable_elsewhere(top):
+            return None
+        if top == "dlinfer" and _findable_elsewhere("triton"):
+            return None  # dlinfer's own Triton kernels run where triton is installed
+        if self.vendor == "maca":
+            self.bring_up_maca()
+            from . import vendor_kernels_maca as kernels
+        else:
+            from . import vendor_kernels_camb as kernels
+        module = kernels.build_module(fullname) if self.vendor == "maca" else kernels.build_module()
+        return importlib.machinery.ModuleSpec(fullname, _Loader(module), is_package=hasattr(module, "__path__"))
+
     def _dlinfer_spec(self) -> importlib.machinery.ModuleSpec | None:
         if self.dlinfer_root is None:
             source = dlinfer_source()
             if source is None:
                 return None  # an installed dlinfer, if any
-            self.dlinfer_root = stage(source)
+            self.dlinfer_root = stage(source, self.vendor)
+        self.bring_up_maca()
         return importlib.machinery.PathFinder.find_spec("dlinfer", [str(self.dlinfer_root)])
+
+
+# the package whose import brings each vendor's simulated device up (MACA's comes up with dlinfer)
+VENDOR_PACKAGE = {"ascend": "torch_npu", "camb": "torch_mlu"}
+# the vendor kernel packages served as labelled stand-ins where no real one is installed
+VENDOR_STANDINS = {
+    "camb": ("torch_mlu_ops",),
+    "maca": ("flash_attn", "mcoplib", "mcoplib.lmdeploy", "mcoplib.op", "mcoplib._C", "mcoplib._moe_C",
+             "dlinfer.vendor.maca.context_flashattention", "dlinfer.vendor.maca.fused_moe"),
+}
 
 
 def active() -> _Finder | None:
@@ -274,27 +378,47 @@ def active() -> _Finder | None:
 
 def install(spec: str) -> _Finder:
     """Turn the switch on in this interpreter (what the ``.pth`` file does for ``VENDOR_GRAPH_SIM``); idempotent
-    for the same value. The problem, if any, is raised at ``import torch_npu`` (:class:`ImportError`)."""
+    for the same value. The problem, if any, is raised at ``import torch_npu`` (``torch_mlu``; MACA: dlinfer's
+    import) as :class:`ImportError`."""
     finder = active()
-    if finder is not None and finder.spec is None and "torch_npu" not in sys.modules:
+    if finder is not None and finder.spec is None and not {"torch_npu", "torch_mlu"} & set(sys.modules):
         sys.meta_path.remove(finder)  # only dlinfer and the stand-ins so far: the switch takes over
         finder = None
     if finder is not None:
         if finder.spec != spec:
-            raise SimSwitchError(f"the simulated NPU is already {finder.spec!r} in this process, not {spec!r}: "
+            raise SimSwitchError(f"the simulated device is already {finder.spec!r} in this process, not {spec!r}: "
                                  f"torch renames its device backend once per process")
         return finder
     problem = None
-    real = importlib.machinery.PathFinder.find_spec("torch_npu")
-    if real is not None:
-        problem = (f"{ENV} is set, but a real torch_npu is installed ({real.origin}): the simulator never runs beside "
+    try:
+        vendor = simulated_vendor(spec)
+    except SimSwitchError as exc:
+        problem, vendor = str(exc), "ascend"
+    runtime = {"ascend": "torch_npu", "camb": "torch_mlu", "maca": "mcoplib"}[vendor]
+    real = importlib.machinery.PathFinder.find_spec(runtime)
+    if problem is None and real is not None:
+        problem = (f"{ENV} is set, but a real {runtime} is installed ({real.origin}): the simulator never runs beside "
                    f"it; unset {ENV}")
-    else:
+    if problem is None and vendor == "ascend":
         try:
             _parse(spec)
         except SimSwitchError as exc:
             problem = str(exc)
     finder = _Finder(spec, problem)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def serve_vendor(vendor: str) -> _Finder:
+    """dlinfer laid out for ``vendor`` (Camb, MACA) and that vendor's kernel stand-ins, on this machine's real device
+    (no simulated one): how lmdeploy's Camb and MACA backend code runs on an NVIDIA GPU. Not beside the switch."""
+    if vendor not in CUDA_STYLE:
+        raise ValueError(f"vendor must be one of {CUDA_STYLE}, got {vendor!r}")
+    finder = active()
+    if finder is not None:
+        raise SimSwitchError(f"the simulator's finder is already in this process (vendor {finder.vendor}): "
+                             f"serve_vendor runs on a real device only")
+    finder = _Finder(None, None, vendor)
     sys.meta_path.insert(0, finder)
     return finder
 

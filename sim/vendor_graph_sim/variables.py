@@ -13,9 +13,29 @@ import os
 from vendor_graph.config import settings
 from vendor_graph.config.kinds import SourceTree, TorchNpuRelease
 
+
+class SimulatedDevice(TorchNpuRelease):
+    """``camb`` or ``maca`` (any case: the simulated MLU or MACA device), or a torch_npu generation or release (the
+    simulated NPU of it)."""
+
+    VENDORS = ("camb", "maca")
+
+    @property
+    def accepted(self) -> str:
+        return f"{' or '.join(self.VENDORS)}, or {super().accepted}"
+
+    advice = "name camb or maca, a generation such as G5, or a release that `vendor-graph paths` lists"
+
+    def parse(self, text: str) -> str:
+        if text.lower() in self.VENDORS:
+            return text.lower()
+        return super().parse(text)
+
+
 SIM_SWITCH = settings.Setting(
-    settings.SIM_SWITCH, "the simulator switch: every interpreter sees the simulated NPU of this torch_npu generation "
-    "or release from its start (vendor_graph_sim.boot)", kind=TorchNpuRelease(), none="off", scope="simulator")
+    settings.SIM_SWITCH, "the simulator switch: every interpreter sees the simulated device from its start "
+    "(vendor_graph_sim.boot): camb's MLU, maca's device, or the NPU of this torch_npu generation or release",
+    kind=SimulatedDevice(), none="off", scope="simulator")
 DLINFER_SRC = settings.Setting(
     "VENDOR_GRAPH_DLINFER_SRC", "the dlinfer source tree the real-stack tests and demo run on the simulator",
     kind=SourceTree("dlinfer"), none="an installed dlinfer, if any", scope="simulator")

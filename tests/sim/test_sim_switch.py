@@ -118,3 +118,85 @@ def test_a_real_torch_npu_beside_it_is_refused_and_left_alone(tmp_path):
     proc = child("import sys; import torch_npu", tmp_path, VENDOR_GRAPH_SIM="G5", PYTHONPATH=str(real.parent))
     assert proc.returncode == 1
     assert "a real torch_npu is installed" in proc.stderr and "unset VENDOR_GRAPH_SIM" in proc.stderr
+
+
+def fake_vendor_dlinfer(root: Path) -> Path:
+    """A dlinfer source tree with the three vendors' packages, reading its vendor.yaml at import as dlinfer does."""
+    package = root / "dlinfer"
+    for vendor in ("ascend", "camb", "maca"):
+        (package / "vendor" / vendor).mkdir(parents=True)
+        (package / "vendor" / vendor / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "vendor" / "__init__.py").write_text(
+        "from pathlib import Path\nVENDOR = (Path(__file__).parent / 'vendor.yaml').read_text()\n")
+    return root
+
+
+CUDA_STYLE_REPORT = {
+    "camb": """
+        import json, os, sys
+        before = sorted(m for m in ("torch", "lmdeploy", "torch_mlu", "vendor_graph_sim.device") if m in sys.modules)
+        import torch, torch_mlu
+        plain = torch.cuda.is_available()  # torch_mlu imported, its GPU migration not yet
+        from torch_mlu.utils.gpu_migration import migration
+        x = torch.tensor([1, 2], device="cuda")
+        import dlinfer, dlinfer.vendor, torch_mlu_ops
+        print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
+                          "graph": torch.cuda.CUDAGraph.__name__, "name": torch.cuda.get_device_name(),
+                          "vendor_yaml": dlinfer.vendor.VENDOR,
+                          "vendors": sorted(os.listdir(os.path.dirname(dlinfer.vendor.__file__))),
+                          "standin": getattr(torch_mlu_ops, "__vendor_graph_test_standin__", None)}))
+    """,
+    "maca": """
+        import json, os, sys
+        before = sorted(m for m in ("torch", "lmdeploy", "vendor_graph_sim.device") if m in sys.modules)
+        import torch
+        plain = torch.cuda.is_available()  # nothing of MACA's imported yet
+        import dlinfer, dlinfer.vendor, flash_attn
+        x = torch.tensor([1, 2], device="cuda")
+        print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
+                          "graph": torch.cuda.CUDAGraph.__name__, "name": torch.cuda.get_device_name(),
+                          "vendor_yaml": dlinfer.vendor.VENDOR,
+                          "vendors": sorted(os.listdir(os.path.dirname(dlinfer.vendor.__file__))),
+                          "standin": getattr(flash_attn, "__vendor_graph_test_standin__", None)}))
+    """,
+}
+
+
+@pytest.mark.parametrize(("vendor", "device", "graph"),
+                         [("camb", "mlu:0", "MLUGraph"), ("maca", "maca:0", "CUDAGraph")])
+def test_camb_and_maca_switch_bring_their_device_up_as_their_runtime_does(tmp_path, vendor, device, graph):
+    """Camb: ``torch_mlu`` is the simulated package, and ``cuda`` means the MLU once its GPU migration is imported
+    (as dlinfer's camb package does); MACA: the device comes up with dlinfer, ``cuda`` meaning it from then on. Each
+    sees dlinfer laid out as its ``DEVICE=<vendor>`` build (vendor.yaml, no other vendor's package) and its vendor
+    kernels as labelled stand-ins."""
+    source = fake_vendor_dlinfer(tmp_path / "src")
+    proc = child(CUDA_STYLE_REPORT[vendor], tmp_path, VENDOR_GRAPH_SIM=vendor.upper(),
+                 VENDOR_GRAPH_DLINFER_SRC=str(source))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["before"] == [] and report["plain_cuda"] is False
+    assert report["device"] == device and report["is_cuda"] and report["graph"] == graph
+    assert report["vendor_yaml"] == boot.VENDOR_YAML[vendor]
+    assert report["vendors"] == ["__init__.py", vendor, "vendor.yaml"]
+    assert report["standin"]
+
+
+@pytest.mark.parametrize(("vendor", "runtime", "trigger"), [("camb", "torch_mlu", "import torch_mlu"),
+                                                            ("maca", "mcoplib", "import dlinfer")])
+def test_a_real_camb_or_maca_runtime_beside_it_is_refused(tmp_path, vendor, runtime, trigger):
+    real = tmp_path / "site" / runtime
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("REAL = True\n")
+    source = fake_vendor_dlinfer(tmp_path / "src")
+    proc = child(trigger, tmp_path, VENDOR_GRAPH_SIM=vendor, PYTHONPATH=str(real.parent),
+                 VENDOR_GRAPH_DLINFER_SRC=str(source))
+    assert proc.returncode == 1
+    assert f"a real {runtime} is installed" in proc.stderr and "unset VENDOR_GRAPH_SIM" in proc.stderr
+    assert proc.stderr.count(f"a real {runtime} is installed") == 2, proc.stderr  # at start, and raised at the import
+    assert "ImportError" in proc.stderr
+
+
+def test_camb_and_maca_name_no_torch_npu():
+    with pytest.raises(boot.SimSwitchError, match="has no torch_npu"):
+        boot.pinned_release("camb")

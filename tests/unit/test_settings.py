@@ -305,8 +305,8 @@ def test_the_doctor_lists_the_harness_names_with_their_values():
     assert lines["VENDOR_GRAPH_FUZZ_EXAMPLES=3  (tooling, not read by the runtime: examples each fuzz test "
                  "(tests/fuzz) runs (default 80))"] is False
     assert lines["VENDOR_GRAPH_SIM=g5  (simulator, not read by the runtime: the simulator switch: every interpreter "
-                 "sees the simulated NPU of this torch_npu generation or release from its start "
-                 "(vendor_graph_sim.boot))"] is False
+                 "sees the simulated device from its start (vendor_graph_sim.boot): camb's MLU, maca's device, or the "
+                 "NPU of this torch_npu generation or release)"] is False
     assert lines["VENDOR_GRAPH_WORKER_REPORTS=/tmp/r  (set by vendor_graph in lmdeploy's spawned workers: the folder "
                  "where a worker that dies leaves its error for the parent (vendor_graph.install.workers))"] is False
     problems = [t for t, p in lines.items() if p]

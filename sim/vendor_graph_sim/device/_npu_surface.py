@@ -128,23 +128,23 @@ _TENSOR_DEVICE_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_one
 _MODULE_DEVICE_METHODS = ("to", "to_empty")
 
 
-def npu_device(device: Any) -> Any:
-    """``device`` with a ``cuda`` device named as the NPU (``"cuda:0"`` -> ``"npu:0"``); anything else as given."""
+def npu_device(device: Any, target: str = "npu") -> Any:
+    """``device`` with a ``cuda`` device named as ``target`` (``"cuda:0"`` -> ``"npu:0"``); anything else as given."""
     if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
-        return "npu" + device[4:]
+        return target + device[4:]
     if isinstance(device, torch.device) and device.type == "cuda":
-        return torch.device("npu", device.index) if device.index is not None else torch.device("npu")
+        return torch.device(target, device.index) if device.index is not None else torch.device(target)
     return device
 
 
-def _on_npu(fn: Callable[..., Any], positional: bool) -> Callable[..., Any]:
-    """``fn`` with a ``cuda`` ``device=`` (and, for ``positional``, a ``cuda`` positional argument) on the NPU."""
+def _on_npu(fn: Callable[..., Any], positional: bool, target: str = "npu") -> Callable[..., Any]:
+    """``fn`` with a ``cuda`` ``device=`` (and, for ``positional``, a ``cuda`` positional argument) on ``target``."""
 
     def on_npu(*args: Any, **kwargs: Any) -> Any:
         if "device" in kwargs:
-            kwargs["device"] = npu_device(kwargs["device"])
+            kwargs["device"] = npu_device(kwargs["device"], target)
         if positional:
-            args = tuple(npu_device(a) for a in args)
+            args = tuple(npu_device(a, target) for a in args)
         return fn(*args, **kwargs)
 
     on_npu.__name__ = getattr(fn, "__name__", "on_npu")
@@ -154,21 +154,24 @@ def _on_npu(fn: Callable[..., Any], positional: bool) -> Callable[..., Any]:
     return on_npu
 
 
-def hccl_backend(backend: Any) -> Any:
-    """A torch.distributed ``backend`` argument with ``nccl`` named as ``hccl`` (``"cpu:gloo,cuda:nccl"`` too)."""
+def hccl_backend(backend: Any, device: str = "npu", collective: str = "hccl") -> Any:
+    """A torch.distributed ``backend`` argument with ``nccl`` named as ``collective`` (``"cpu:gloo,cuda:nccl"``
+    too, its ``cuda:`` as ``device``)."""
     if isinstance(backend, str) and "nccl" in backend.lower():
-        return backend.lower().replace("cuda:", "npu:").replace("nccl", "hccl")
+        return backend.lower().replace("cuda:", f"{device}:").replace("nccl", collective)
     return backend
 
 
-def _nccl_as_hccl(fn: Callable[..., Any], position: int) -> Callable[..., Any]:
-    """``fn`` (``init_process_group``, ``new_group``) with its ``backend`` (keyword or at ``position``) on hccl."""
+def _nccl_as_hccl(fn: Callable[..., Any], position: int, device: str = "npu",
+                  collective: str = "hccl") -> Callable[..., Any]:
+    """``fn`` (``init_process_group``, ``new_group``) with its ``backend`` (keyword or at ``position``) on
+    ``collective``."""
 
     def on_hccl(*args: Any, **kwargs: Any) -> Any:
         if "backend" in kwargs:
-            kwargs["backend"] = hccl_backend(kwargs["backend"])
+            kwargs["backend"] = hccl_backend(kwargs["backend"], device, collective)
         elif len(args) > position:
-            args = (*args[:position], hccl_backend(args[position]), *args[position + 1:])
+            args = (*args[:position], hccl_backend(args[position], device, collective), *args[position + 1:])
         return fn(*args, **kwargs)
 
     on_hccl.__name__ = getattr(fn, "__name__", "on_hccl")
@@ -195,10 +198,20 @@ class CudaRedirect:
     ``cuda`` device given to torch's factories, ``Tensor.to`` / ``new_*`` / ``cuda()`` / ``is_cuda`` and
     ``Module.to`` / ``cuda()`` taken as the NPU (what lmdeploy's ``device='cuda'`` startup check needs), and
     torch.distributed's ``nccl`` backend taken as ``hccl`` (:mod:`._hccl`) in ``init_process_group`` and
-    ``new_group`` (lmdeploy's tensor-parallel workers ask for nccl when they join the default group)."""
+    ``new_group`` (lmdeploy's tensor-parallel workers ask for nccl when they join the default group).
 
-    def __init__(self, npu: types.ModuleType) -> None:
+    The same mapping serves the other simulated devices (:mod:`._cuda_style`): ``device`` names the simulated
+    device, ``collective`` the backend ``nccl`` becomes, ``aliases`` torch.cuda names taken from another name of
+    the device module (torch_mlu's ``CUDAGraph`` -> ``MLUGraph``), ``capability`` what
+    ``get_device_capability`` answers."""
+
+    def __init__(self, npu: types.ModuleType, device: str = "npu", collective: str = "hccl",
+                 aliases: dict[str, str] | None = None, capability: tuple[int, int] | None = None) -> None:
         self.npu = npu
+        self.device = device
+        self.collective = collective
+        self.aliases = dict(aliases or {})
+        self.capability = capability
         self.saved: dict[tuple[Any, str], Any] | None = None
 
     def names(self) -> list[str]:
@@ -209,17 +222,26 @@ class CudaRedirect:
         return self.saved is not None
 
     def _replacements(self) -> list[tuple[Any, str, Any]]:
+        device = self.device
         out: list[tuple[Any, str, Any]] = [(torch.cuda, name, getattr(self.npu, name)) for name in self.names()]
-        out += [(torch, name, _on_npu(getattr(torch, name), False)) for name in _DEVICE_FACTORIES
+        out += [(torch.cuda, name, getattr(self.npu, own)) for name, own in self.aliases.items()]
+        out += [(torch, name, _on_npu(getattr(torch, name), False, device)) for name in _DEVICE_FACTORIES
                 if hasattr(torch, name)]
-        out += [(torch.Tensor, name, _on_npu(getattr(torch.Tensor, name), True)) for name in _TENSOR_DEVICE_METHODS]
-        out += [(torch.nn.Module, name, _on_npu(getattr(torch.nn.Module, name), True))
+        out += [(torch.Tensor, name, _on_npu(getattr(torch.Tensor, name), True, device))
+                for name in _TENSOR_DEVICE_METHODS]
+        out += [(torch.nn.Module, name, _on_npu(getattr(torch.nn.Module, name), True, device))
                 for name in _MODULE_DEVICE_METHODS]
-        out += [(torch.Tensor, "cuda", torch.Tensor.npu), (torch.Tensor, "is_cuda", torch.Tensor.is_npu),
-                (torch.nn.Module, "cuda", torch.nn.Module.npu)]
-        out.append((torch.cuda, "get_device_capability", _no_cuda_capability))
+        out += [(torch.Tensor, "cuda", getattr(torch.Tensor, device)),
+                (torch.Tensor, "is_cuda", getattr(torch.Tensor, f"is_{device}")),
+                (torch.nn.Module, "cuda", getattr(torch.nn.Module, device))]
+        if self.capability is None:
+            out.append((torch.cuda, "get_device_capability", _no_cuda_capability))
+        else:
+            capability = self.capability
+            out.append((torch.cuda, "get_device_capability", lambda device=None: capability))
         if torch.distributed.is_available():
-            out += [(torch.distributed, name, _nccl_as_hccl(getattr(torch.distributed, name), position))
+            out += [(torch.distributed, name, _nccl_as_hccl(getattr(torch.distributed, name), position, device,
+                                                            self.collective))
                     for name, position in _DISTRIBUTED_BACKEND_ARGS]
         return out
 
