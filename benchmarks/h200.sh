@@ -15,6 +15,8 @@
 #   bash benchmarks/h200.sh part6    # lmdeploy 0.18: faults and resets leak nothing (graph_leaks.py, engine_leaks.py)
 #   bash benchmarks/h200.sh part6-engine  # part6's engine reset cycles alone (engine_leaks.py)
 #   TP=2 bash benchmarks/h200.sh part7  # lmdeploy 0.18 engine, tensor parallel (TP=1 on one GPU: the rehearsal)
+#   bash benchmarks/h200.sh part8    # lmdeploy 0.18's engine with device_type maca / camb over the real dlinfer,
+#                                    # real CUDA graphs, GPU stand-ins for the vendor kernels (~3 min)
 #   bash benchmarks/h200.sh dry      # on a CPU box: every part1 task on the simulator, small sizes
 #   bash benchmarks/h200.sh dry3     # on a CPU box: every part3 piece that runs without a GPU, and its report
 #   bash benchmarks/h200.sh dry4     # on a CPU box: part4's fake results through the real plan command, the report
@@ -24,7 +26,7 @@
 # and stubs/xgrammar; see BENCHMARKS.md for how they are made. The machine's own torch, triton and
 # transformers are used.
 set -u
-part=${1:?part1, part2, part3, part4, part4b, part5, part6, part6-engine, part7, dry, dry3 or dry4}
+part=${1:?part1, part2, part3, part4, part4b, part5, part6, part6-engine, part7, part8, dry, dry3 or dry4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -312,6 +314,14 @@ elif [ "$part" = part7 ]; then
     '$OUT/tp_eager.json' > '$OUT/tp_compare.json'"
   cp "$OUT"/tp_vendor.stats*.json "$logs/" 2>/dev/null
   tar czf "$OUT/logs_$part.tgz" -C "$logs" .
+elif [ "$part" = part8 ]; then
+  # Camb and MACA through lmdeploy 0.18's engine with real CUDA graphs: their lmdeploy backends over the real dlinfer
+  # (.h200/dlinfer, laid out per vendor), GPU stand-ins for the vendor kernels (benchmarks/engine_vendors.py).
+  export PYTHONPATH="$site:$root/.h200/pkgs018:$root/.h200/stubs" VENDOR_GRAPH_DLINFER_SRC=$root/.h200/dlinfer \
+    XDG_CACHE_HOME=$(mktemp -d)
+  for vendor in ${PART8_VENDORS:-maca camb}; do
+    step "engine_$vendor" 280 "$py" benchmarks/engine_vendors.py "$vendor" "$OUT/engine_$vendor.json"
+  done
 else
   echo "unknown part $part" >&2
   exit 2

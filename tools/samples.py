@@ -65,7 +65,7 @@ class Sample:
 SAMPLES: tuple[Sample, ...] = (
     Sample("doctor", "README.md", ("doctor",)),
     Sample("demo", "README.md", ("demo",), dlinfer=True),
-    Sample("demo-camb", "docs/verification.md", ("demo", "--vendor", "camb", "--steps", "24", "--seqs", "9")),
+    Sample("demo-camb", "docs/verification.md", ("demo", "--vendor", "camb"), dlinfer=True),
     Sample("plan-ascend", "docs/capacity.md", ("plan", "--vendor", "ascend", "--max-batches", "256")),
     Sample("plan-from-stats", "docs/capacity.md",
            ("plan", "--from-stats", f"{FROM_STATS}/stats_fit1.json", f"{FROM_STATS}/stats_fit2.json",

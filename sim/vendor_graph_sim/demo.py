@@ -1,14 +1,14 @@
 """``vendor-graph demo``, which this package adds to the runtime's CLI (entry point ``vendor_graph.commands``).
 
-By default, lmdeploy's own ``pipeline()`` on the simulated Ascend NPU (:mod:`vendor_graph_sim.engine`): a tiny
-random-weight checkpoint served eager (``eager_mode=True``) and in graph mode with ``vendor_graph.ascend``
-active, over the real dlinfer, on a workload whose requests queue, join mid-run and finish at different
-lengths; it prints whether every request's greedy tokens are equal, the runner lmdeploy built, its stats and
-the bridges applied. ``--model tiny`` (and ``--vendor camb`` / ``maca``, which have no simulated device for
-lmdeploy's engine) runs the simulator's tiny decoder instead, eager and graph side by side, step by step.
+By default, lmdeploy's own ``pipeline()`` on the vendor's simulated device (:mod:`vendor_graph_sim.engine`; the
+Ascend NPU, ``--vendor camb``'s MLU, ``--vendor maca``'s device): a tiny random-weight checkpoint served eager
+(``eager_mode=True``) and in graph mode with ``vendor_graph.<vendor>`` active, over the real dlinfer, on a workload
+whose requests queue, join mid-run and finish at different lengths; it prints whether every request's greedy
+tokens are equal, the runner lmdeploy built, its stats and the bridges applied. ``--model tiny`` runs the
+simulator's tiny decoder instead, eager and graph side by side, step by step.
 ``--json PATH`` also writes the verdict and the runner's counts there. ``--serve`` serves the workload through
 lmdeploy's OpenAI server instead (:mod:`vendor_graph_sim.serve`): ``lmdeploy serve api_server`` under
-``vendor-graph run --vendor ascend`` on the simulated NPU, on a loopback port, sent concurrent requests by the
+``vendor-graph run --vendor <vendor>`` on the simulated device, on a loopback port, sent concurrent requests by the
 ``openai`` client, stopped with SIGTERM, and the same with ``--eager-mode``.
 
 Exit status: 0 when graph mode matched eager (and, for the engine, vendor_graph's runner replayed graphs), 1
@@ -45,7 +45,6 @@ from . import engine
 DEMO_MODEL = "tiny"  # the simulator's own decoder (vendor_graph_sim.tiny_model)
 ENGINE_MODELS = engine.MODELS  # served by lmdeploy's pipeline() over the real dlinfer
 ENGINE_MODEL = ENGINE_MODELS[0]
-ENGINE_VENDOR = "ascend"  # the one vendor the simulator has a device of for lmdeploy's engine (torch_npu)
 TINY_OPTIONS = {"steps": 64, "seqs": 20, "backend": "sim"}  # the tiny decoder's options and their defaults
 # The tiny decoder's bounds (tests/unit/test_demo_bounds.py checks them against the model and the schedule): one
 # sequence holds TINY_TOKENS tokens (tiny_model.TinyConfig.max_seq_len), a prompt takes up to TINY_PROMPT
@@ -62,12 +61,15 @@ REQUESTS = 8
 MAX_REQUESTS = 32
 MAX_BATCH_SIZE = 4  # below REQUESTS: requests queue and join as others finish
 SAMPLE_WORDS = 8
-OTHER_RUNTIMES = {"camb": ("torch_mlu", "Cambricon"), "maca": ("MACA torch", "MetaX")}  # vendor -> (runtime, maker)
+# what the engine demo runs on per vendor: the simulated device's words, and the real runtime it never runs beside
+SIMULATED_DEVICE = {"ascend": "the simulated Ascend NPU", "camb": "the simulated Cambricon MLU",
+                    "maca": "the simulated MetaX MACA device"}
+REAL_RUNTIME = {"ascend": "torch_npu", "camb": "torch_mlu", "maca": "mcoplib"}
 
 
 DEMO_BACKENDS = ("sim", "cuda")  # where the tiny decoder's graphs run: the CPU simulator, or an NVIDIA GPU
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-NO_DLINFER = ("the engine demo runs lmdeploy's Ascend backend over the real dlinfer, and there is none here: set "
+NO_DLINFER = ("the engine demo runs lmdeploy's dlinfer backend over the real dlinfer, and there is none here: set "
               "VENDOR_GRAPH_DLINFER_SRC to a dlinfer source checkout (the folder holding dlinfer/__init__.py; "
               "scripts/demo.sh uses the snapshot beside the clone) or install dlinfer; "
               "vendor-graph demo --model tiny runs without it")
@@ -108,9 +110,9 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
 
 
 def _model(args: argparse.Namespace) -> str:
-    """The model to run: ``--model``, else lmdeploy's engine on Ascend and the tiny decoder on Camb and MACA;
-    refuses the options of the one the command line does not run."""
-    model = args.model or (ENGINE_MODEL if args.vendor == ENGINE_VENDOR else DEMO_MODEL)
+    """The model to run: ``--model``, else lmdeploy's engine; refuses the options of the one the command line does
+    not run."""
+    model = args.model or ENGINE_MODEL
     if model == DEMO_MODEL:
         if args.requests is not None:
             raise UsageError("--requests sets the engine demo's workload; the tiny decoder's demo (--model tiny) "
@@ -125,17 +127,14 @@ def _model(args: argparse.Namespace) -> str:
         raise UsageError(f"{flags} {'is an option' if len(given) == 1 else 'are options'} of the tiny decoder's demo: "
                          f"add --model tiny (the engine demo, --model {model}, serves requests through lmdeploy's "
                          f"pipeline; --requests sets how many)")
-    if args.vendor != ENGINE_VENDOR:
-        raise UsageError(f"--model {model} runs lmdeploy's engine on the simulated Ascend NPU; the simulator has no "
-                         f"{args.vendor} device for it: use --vendor ascend, or --model tiny for {args.vendor}")
     args.requests = REQUESTS if args.requests is None else args.requests
     return model
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    if args.serve and (args.model == DEMO_MODEL or (args.model is None and args.vendor != ENGINE_VENDOR)):
-        raise UsageError("--serve runs lmdeploy's OpenAI server on the simulated Ascend NPU: use --vendor ascend with "
-                         "--model lmdeploy-llama or lmdeploy-mla (the tiny decoder has no server)")
+    if args.serve and args.model == DEMO_MODEL:
+        raise UsageError(f"--serve runs lmdeploy's OpenAI server on {SIMULATED_DEVICE[args.vendor]}: use --model "
+                         f"lmdeploy-llama or lmdeploy-mla (the tiny decoder has no server)")
     model = _model(args)
     if args.serve:
         return _serve_demo(args, model)
@@ -147,11 +146,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         env = dict(os.environ, **{AUTOLOAD_ENV: "0"})
         argv = [sys.executable, "-m", "vendor_graph", *(args.argv or [])]
         return subprocess.call(argv, env=env)
-    if args.model is None:
-        runtime, maker = OTHER_RUNTIMES[args.vendor]
-        print(f"vendor {args.vendor}: the simulator has no {maker} device for lmdeploy's engine (no simulated "
-              f"{runtime}; dlinfer's {args.vendor} code needs {maker}'s runtime): the tiny decoder's demo "
-              f"(--model tiny) runs instead", flush=True)
     return _tiny_demo(args)
 
 
@@ -274,22 +268,60 @@ def _simulated_torch_npu(spec: str) -> tuple[str, str]:
     return release, generation
 
 
-def _switch_on(release: str) -> None:
-    """The simulator switch on in this process for ``release``; already on (``VENDOR_GRAPH_SIM`` at start), it must
-    name the same torch_npu."""
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    """The simulated device a demo runs lmdeploy on."""
+
+    vendor: str
+    switch: str  # the simulator switch's value: a torch_npu release, or the vendor (camb, maca)
+    generation: str | None  # Ascend's torch_npu generation
+    release: str | None  # Ascend's torch_npu release
+
+    @property
+    def words(self) -> str:
+        if self.vendor == "ascend":
+            return f"{SIMULATED_DEVICE[self.vendor]}, torch_npu {self.release} ({self.generation})"
+        return SIMULATED_DEVICE[self.vendor]
+
+
+def _device(args: argparse.Namespace, what: str) -> _Device:
+    """The simulated device of ``args.vendor``; refused where that vendor's real runtime is installed (the simulator
+    never runs beside it)."""
+    runtime = REAL_RUNTIME[args.vendor]
+    real = importlib.machinery.PathFinder.find_spec(runtime)
+    if real is not None:
+        raise UsageError(f"a real {runtime} is installed ({real.origin}): the {what} serves lmdeploy on "
+                         f"{SIMULATED_DEVICE[args.vendor]}, which never runs beside a real one; on this machine run "
+                         f"lmdeploy itself after import vendor_graph.{args.vendor}, or vendor-graph demo --model tiny")
+    if args.vendor != "ascend":
+        return _Device(args.vendor, args.vendor, None, None)
+    release, generation = _simulated_torch_npu(args.generation)
+    return _Device("ascend", release, generation, release)
+
+
+def _switch_on(device: _Device) -> None:
+    """The simulator switch on in this process for ``device``; already on (``VENDOR_GRAPH_SIM`` at start), it must
+    name the same device (the same torch_npu)."""
     from . import boot
 
     finder = boot.active()
     if finder is None or finder.spec is None:
-        engine.switch_on(release)
+        try:
+            engine.switch_on(device.switch)
+        except RuntimeError as exc:  # the vendor's runtime or dlinfer imported before the switch
+            raise UsageError(f"{exc}; the demo needs a fresh process") from None
         return
     try:
-        same = boot.pinned_release(finder.spec) == release
+        if finder.vendor != device.vendor:
+            same = False
+        else:
+            same = device.vendor != "ascend" or boot.pinned_release(finder.spec) == device.release
     except boot.SimSwitchError as exc:
         raise UsageError(str(exc)) from None
     if not same:
-        raise UsageError(f"{boot.ENV}={finder.spec} already chose this process's simulated torch_npu, not {release}: "
-                         f"give --generation {finder.spec}, or unset {boot.ENV}")
+        fix = f"--generation {finder.spec}" if finder.vendor == "ascend" else f"--vendor {finder.vendor}"
+        raise UsageError(f"{boot.ENV}={finder.spec} already chose this process's simulated device, not "
+                         f"{device.switch}: give {fix}, or unset {boot.ENV}")
 
 
 def _dlinfer_source() -> str:
@@ -416,24 +448,20 @@ class _Served:
 
 
 def _engine_demo(args: argparse.Namespace, model: str) -> int:
-    """lmdeploy's pipeline on the simulated Ascend NPU, graph mode (vendor_graph.ascend) against eager_mode=True."""
+    """lmdeploy's pipeline on the vendor's simulated device, graph mode (vendor_graph.<vendor>) against
+    eager_mode=True."""
     start = time.perf_counter()
-    real = importlib.machinery.PathFinder.find_spec("torch_npu")
-    if real is not None:
-        raise UsageError(f"a real torch_npu is installed ({real.origin}): the engine demo serves lmdeploy on the "
-                         f"simulated torch_npu, which never runs beside a real one; on this machine run lmdeploy "
-                         f"itself after import vendor_graph.ascend, or vendor-graph demo --model tiny")
-    release, generation = _simulated_torch_npu(args.generation)
+    device = _device(args, "engine demo")
     source = _dlinfer_source()
     from vendor_graph.upstream import compat
 
     version = compat.installed_lmdeploy_version()
-    _check_lmdeploy(ENGINE_VENDOR, version)
-    _switch_on(release)
-    importlib.import_module(f"vendor_graph.{ENGINE_VENDOR}")  # what a user writes before lmdeploy starts
+    _check_lmdeploy(device.vendor, version)
+    _switch_on(device)
+    importlib.import_module(f"vendor_graph.{device.vendor}")  # what a user writes before lmdeploy starts
 
-    print(f"vendor_graph {__version__} demo: lmdeploy {version}'s pipeline() on the simulated Ascend NPU, torch_npu "
-          f"{release} ({generation}), dlinfer {source}", flush=True)
+    print(f"vendor_graph {__version__} demo: lmdeploy {version}'s pipeline(device_type={device.vendor!r}) on "
+          f"{device.words}, dlinfer {source}", flush=True)
     load = engine.workload(args.seed, requests=args.requests)
     print(f"{model} (random weights, word-level tokenizer), {_workload(load)} (greedy)\n", flush=True)
     served = _serve(model, load, args)
@@ -449,8 +477,8 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
         write_json(args.json, {
             "parity": comparison.tokens_equal, "steps": sum(graph.histogram.values()),
             "graph_replays": graph.replays, "eager_steps": sum(graph.eager_reasons.values()),
-            "eager_reasons": graph.eager_reasons, "captures": graph.captures, "vendor": ENGINE_VENDOR,
-            "backend": "sim", "lmdeploy": str(version), "generation": generation, "torch_npu": release,
+            "eager_reasons": graph.eager_reasons, "captures": graph.captures, "vendor": device.vendor,
+            "backend": "sim", "lmdeploy": str(version), "generation": device.generation, "torch_npu": device.release,
             "seqlen_path": served.seqlen_path, "model": model, "dlinfer": f"{dlinfer} ({source})", "seqs": len(load),
             "seed": args.seed, "vendor_graph": __version__, "engine": True, "executor": graph.executor,
             "requests": len(load), "max_batch_size": MAX_BATCH_SIZE, "tokens_equal": comparison.tokens_equal,
@@ -475,7 +503,7 @@ def _serve(model: str, load: list[engine.Request], args: argparse.Namespace) -> 
         seqlen_path, updates = _seqlen_updates(by_op, dict(sim.counters.by_op))
         # The only runner so far: the eager run's, built next with the same capture plan, would merge into it.
         record = max(counters.runs(), key=lambda r: r.stats.decode_steps, default=None)
-        print(f"graph mode (vendor_graph.ascend): {_requests(graph.tokens)}, {graph.token_count} tokens in "
+        print(f"graph mode (vendor_graph.{graph.vendor}): {_requests(graph.tokens)}, {graph.token_count} tokens in "
               f"{graph.seconds:.1f} s", flush=True)
         eager = engine.run(checkpoint, graph=False, **kwargs)
         print(f"eager mode (eager_mode=True): {_requests(eager.tokens)}, {eager.token_count} tokens in "
@@ -511,7 +539,11 @@ def _report(served: _Served, load: list[engine.Request], dlinfer: str) -> None:
               if b not in served.sizes and any(s >= b for s in served.sizes)]
     print(f"decode steps per batch size: {', '.join(f'{b}: {n}' for b, n in batches) or '-'} (graphs of "
           f"{', '.join(map(str, served.sizes)) or '-'}{''.join('; ' + p for p in padded)})")
-    print(f"seq-len update path: {served.seqlen_path or '-'}: {served.updates}, as the simulator counted them")
+    if graph.vendor == "ascend":
+        print(f"seq-len update path: {served.seqlen_path or '-'}: {served.updates}, as the simulator counted them")
+    else:
+        print(f"seq-len update: none needed ({graph.vendor}'s decode kernel reads the KV lengths from the graph's "
+              f"device buffers; max_kv_seq_len is -1 in them)")
 
     applied = {b.name: b for b in bridges.applied()}
     print(f"\nBridges applied (vendor_graph.install.bridges): {len(applied) or 'none'}")
@@ -562,22 +594,18 @@ def _stats_table(document: dict[str, Any]) -> str:
 
 
 def _serve_demo(args: argparse.Namespace, model: str) -> int:
-    """lmdeploy's OpenAI server under ``vendor-graph run`` on the simulated Ascend NPU, graph mode against
+    """lmdeploy's OpenAI server under ``vendor-graph run`` on the vendor's simulated device, graph mode against
     ``--eager-mode``, each sent the same concurrent requests by the openai client and stopped with SIGTERM."""
     from . import serve
 
     start = time.perf_counter()
-    real = importlib.machinery.PathFinder.find_spec("torch_npu")
-    if real is not None:
-        raise UsageError(f"a real torch_npu is installed ({real.origin}): the server demo serves lmdeploy on the "
-                         f"simulated torch_npu, which never runs beside a real one; on this machine run "
-                         f"vendor-graph run --vendor ascend -- lmdeploy serve api_server <model> --device ascend")
-    release, generation = _simulated_torch_npu(args.generation)
+    device = _device(args, "server demo")
+    vendor = device.vendor
     source = _dlinfer_source()
     from vendor_graph.upstream import compat
 
     version = compat.installed_lmdeploy_version()
-    _check_lmdeploy(ENGINE_VENDOR, version)
+    _check_lmdeploy(vendor, version)
     missing = [name for name in SERVER_NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError(f"lmdeploy's server and its client need {', '.join(missing)}, not installed here: "
@@ -586,19 +614,19 @@ def _serve_demo(args: argparse.Namespace, model: str) -> int:
     clients = min(serve.CLIENTS, len(calls))
     lengths = sorted(c.max_tokens for c in calls)
     print(f"vendor_graph {__version__} demo --serve: lmdeploy {version}'s OpenAI server (lmdeploy serve api_server "
-          f"under vendor-graph run --vendor ascend) on the simulated Ascend NPU, torch_npu {release} ({generation}), "
-          f"dlinfer {source}", flush=True)
+          f"--device {vendor} under vendor-graph run --vendor {vendor}) on {device.words}, dlinfer {source}",
+          flush=True)
     print(f"{model} (random weights, word-level tokenizer), --max-batch-size {serve.MAX_BATCH_SIZE}; "
           f"{_requests(calls)} from {clients} concurrent openai clients: chat completions and completions, streamed "
           f"and not, greedy, {lengths[0]} to {lengths[-1]} new tokens (ignore_eos); loopback only\n", flush=True)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="vendor-graph-serve-") as tmp:
         checkpoint = engine.write_model(model, Path(tmp) / model, args.seed)
-        for graph, label in ((True, "graph mode (vendor-graph run --vendor ascend)"),
+        for graph, label in ((True, f"graph mode (vendor-graph run --vendor {vendor})"),
                              (False, "eager (--eager-mode)")):
             try:
                 runs[graph] = serve.serve(checkpoint, Path(tmp) / ("graph" if graph else "eager"), calls,
-                                          graph=graph, generation=release, clients=clients, model_name=model)
+                                          graph=graph, generation=device.switch, clients=clients, model_name=model)
             except serve.ServerError as exc:
                 print(f"FAIL: the {label} server: {exc}")
                 return 1
@@ -642,8 +670,8 @@ def _serve_demo(args: argparse.Namespace, model: str) -> int:
           f"device speed")
     if args.json is not None:
         write_json(args.json, {
-            "parity": pair.equal, "serve": True, "engine": True, "vendor": ENGINE_VENDOR, "backend": "sim",
-            "lmdeploy": str(version), "generation": generation, "torch_npu": release, "model": model,
+            "parity": pair.equal, "serve": True, "engine": True, "vendor": vendor, "backend": "sim",
+            "lmdeploy": str(version), "generation": device.generation, "torch_npu": device.release, "model": model,
             "dlinfer": source, "seed": args.seed, "vendor_graph": __version__, "requests": len(calls),
             "clients": clients, "max_batch_size": serve.MAX_BATCH_SIZE, "tokens_equal": pair.equal,
             "differences": differences, "tokens": graph.token_count, "runner": runner,
@@ -668,15 +696,14 @@ def _requests_bound() -> str:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     """The ``vendor_graph.commands`` entry point: adds ``demo`` to ``vendor-graph``."""
-    demo = sub.add_parser("demo", help="lmdeploy's pipeline on the simulated Ascend NPU, eager and graph mode side "
-                                       "by side (--model tiny: the simulator's tiny decoder)")
+    demo = sub.add_parser("demo", help="lmdeploy's pipeline on the vendor's simulated device, eager and graph mode "
+                                       "side by side (--model tiny: the simulator's tiny decoder)")
     demo.add_argument("--vendor", choices=VENDORS, default="ascend",
-                      help="ascend: lmdeploy's engine; camb and maca: the tiny decoder (no simulated device of "
-                           "theirs runs lmdeploy's engine)")
+                      help="the simulated device lmdeploy's engine runs on: ascend's NPU, camb's MLU, maca's device")
     demo.add_argument("--model", choices=(*ENGINE_MODELS, DEMO_MODEL), default=None,
-                      help="lmdeploy-llama (default on Ascend) / lmdeploy-mla: served by lmdeploy's pipeline over "
-                           "the real dlinfer (VENDOR_GRAPH_DLINFER_SRC or installed); tiny: the simulator's own "
-                           "decoder, step by step (default on Camb and MACA)")
+                      help="lmdeploy-llama (default) / lmdeploy-mla: served by lmdeploy's pipeline over the real "
+                           "dlinfer (VENDOR_GRAPH_DLINFER_SRC or installed); tiny: the simulator's own decoder, step "
+                           "by step")
     demo.add_argument("--generation", default="G5", type=generation_type,
                       help="simulated torch_npu (Ascend): a generation G0 ... G5 or a torch_npu release")
     demo.add_argument("--requests", default=None, type=count_type(

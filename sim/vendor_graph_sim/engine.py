@@ -1,14 +1,15 @@
 """lmdeploy's own engine and pipeline on the simulated NPU: what a user runs, end to end.
 
 A tiny random-weight checkpoint (:func:`write_model`: the real-stack Llama or DeepSeek-V2 MLA, with a word-level
-tokenizer and a generation config) is served by ``lmdeploy.pipeline(...)`` with ``device_type='ascend'``: the
+tokenizer and a generation config) is served by ``lmdeploy.pipeline(...)`` with ``device_type='ascend'`` (or
+``'camb'`` / ``'maca'``: the device of the switch, :func:`simulated_vendor`): the
 engine checks its environment, imports dlinfer, builds the model and its KV cache, warms up (capturing graphs),
 schedules, prefills, decodes, samples and detokenises, on the simulated torch_npu of the simulator switch
 (:mod:`vendor_graph_sim.boot`). :func:`run` serves one workload eager or in graph mode and reports the tokens,
 the runner lmdeploy built and what it did; :func:`compare` puts an eager and a graph run side by side.
 
-The process must see the simulated NPU before lmdeploy imports dlinfer: ``VENDOR_GRAPH_SIM`` set at interpreter
-start, or :func:`switch_on` before anything imports ``torch_npu``.
+The process must see the simulated device before lmdeploy imports dlinfer: ``VENDOR_GRAPH_SIM`` set at interpreter
+start, or :func:`switch_on` before anything imports ``torch_npu`` / ``torch_mlu`` / dlinfer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
+EXTRA_MODELS = ("lmdeploy-mixtral",)  # on request: a Mixtral, a routed MoE in every layer
 BLOCK_SIZE = 16
 SESSION_LEN = 512
 FIXED_BLOCKS = 96
@@ -77,17 +79,19 @@ class Request:
     max_new_tokens: int
 
 
-def workload(seed: int = 0, *, requests: int = 10, shared_prefix: int = 0, vocab_size: int = 384) -> list[Request]:
-    """``requests`` prompts of different lengths that finish after different numbers of tokens (8 to 8 +
-    3 * (requests - 1)), so that with a smaller ``max_batch_size`` requests queue, join mid-run and leave: the
-    decode batch shrinks inside a bucket and crosses buckets. ``shared_prefix`` words open every prompt (prefix
-    caching reuses their blocks)."""
+def workload(seed: int = 0, *, requests: int = 10, shared_prefix: int = 0, vocab_size: int = 384,
+             prompt_words: int | None = None) -> list[Request]:
+    """``requests`` prompts of different lengths (``prompt_words`` each, where given) that finish after different
+    numbers of tokens (8 to 8 + 3 * (requests - 1)), so that with a smaller ``max_batch_size`` requests queue, join
+    mid-run and leave: the decode batch shrinks inside a bucket and crosses buckets. ``shared_prefix`` words open
+    every prompt (prefix caching reuses their blocks)."""
     rng = random.Random(seed)
     words = vocabulary(vocab_size)[len(SPECIAL):]
     prefix = [rng.choice(words) for _ in range(shared_prefix)]
     out = []
     for i in range(requests):
-        body = [rng.choice(words) for _ in range(rng.randint(3, 2 * BLOCK_SIZE + 5))]
+        length = rng.randint(3, 2 * BLOCK_SIZE + 5)
+        body = [rng.choice(words) for _ in range(length if prompt_words is None else prompt_words)]
         out.append(Request(" ".join(prefix + body), 8 + 3 * i))
     return out
 
@@ -102,7 +106,7 @@ class EngineRun:
     model: str
     mode: str  # "graph" or "eager"
     lmdeploy: str
-    torch_npu: str
+    torch_npu: str  # the vendor runtime's version (torch_npu's; torch_mlu's on Camb; "" on MACA)
     executor: str
     tp: int
     max_batch_size: int
@@ -123,6 +127,9 @@ class EngineRun:
     prefill_cached_tokens: int = 0  # cached history the paged prefills attended to (over all layers)
     ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # mp executor: each worker's stats file
     seconds: float = 0.0
+    vendor: str = "ascend"  # lmdeploy's device_type
+    # lmdeploy's CudaGraphMixin buffer methods in force after the generation: name -> the module that defined each
+    buffer_methods: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def token_count(self) -> int:
@@ -131,20 +138,73 @@ class EngineRun:
 
 def switch_on(spec: str = "G5") -> None:
     """Turn the simulator switch on in this process (as ``VENDOR_GRAPH_SIM=spec`` at start would); before
-    anything imports ``torch_npu``."""
+    anything imports ``torch_npu`` (``torch_mlu``, dlinfer)."""
     import sys
 
     from . import boot
 
-    if "torch_npu" in sys.modules and boot.active() is None:
-        raise RuntimeError("torch_npu is already imported in this process: turn the simulator switch on first "
-                           f"(set {boot.ENV} before the interpreter starts)")
+    early = {"torch_npu", "torch_mlu", "dlinfer"} & set(sys.modules)
+    if early and boot.active() is None:
+        raise RuntimeError(f"{', '.join(sorted(early))} is already imported in this process: turn the simulator "
+                           f"switch on first (set {boot.ENV} before the interpreter starts)")
     boot.install(spec)
+
+
+# the vendor of a run on this machine's real device (main's --real-device), where no simulator finder says it
+_REAL_VENDOR: list[str] = []
+
+
+def simulated_vendor() -> str:
+    """The vendor of this process's device: the simulated one's (the switch's: ``ascend``, ``camb`` or ``maca``),
+    or the real one's (:func:`vendor_graph_sim.boot.serve_vendor`, ``--real-device``)."""
+    from . import boot
+
+    finder = boot.active()
+    if finder is not None and (finder.spec is not None or finder.on_real_device):
+        return finder.vendor
+    return _REAL_VENDOR[0] if _REAL_VENDOR else "ascend"
+
+
+def on_real_device() -> bool:
+    """Whether lmdeploy runs on this machine's real device (:func:`vendor_graph_sim.boot.serve_vendor`, or
+    ``--real-device``: no simulator finder at all)."""
+    from . import boot
+
+    finder = boot.active()
+    return bool(_REAL_VENDOR) or (finder is not None and finder.on_real_device)
+
+
+def runtime_version(vendor: str) -> str:
+    """The vendor runtime's version: torch_npu's, torch_mlu's, or "" for MACA (its torch is the runtime) and on an
+    NVIDIA GPU standing in (:func:`vendor_graph_sim.boot.serve_vendor`)."""
+    from . import boot
+
+    finder = boot.active()
+    if vendor == "maca" or (finder is not None and finder.on_real_device):
+        return ""
+    return getattr(importlib.import_module("torch_npu" if vendor == "ascend" else "torch_mlu"), "__version__", "?")
 
 
 def _runner_name(runner: Any) -> str:
     cls = type(runner)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+BUFFER_METHODS = ("make_buffers_cudagraph", "fill_buffers_cudagraph", "update_context_cudagraph",
+                  "get_outputs_cudagraph")
+
+
+def buffer_methods_in_force() -> dict[str, str]:
+    """Which module's function each of lmdeploy's ``CudaGraphMixin`` buffer methods is now (vendor_graph's, dlinfer's
+    cudagraph patch, lmdeploy's own)."""
+    from lmdeploy.pytorch.models.utils.cudagraph import CudaGraphMixin
+
+    found = {}
+    for name in BUFFER_METHODS:
+        method = CudaGraphMixin.__dict__.get(name)
+        method = getattr(method, "__func__", method)
+        found[name] = getattr(method, "__module__", "?") if method is not None else ""
+    return found
 
 
 def _model_agent(pipe: Any) -> Any:
@@ -220,7 +280,7 @@ def _record_runner(record: EngineRun, document: dict[str, Any], captures: int, r
 def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request], max_batch_size: int = 6,
         prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni",
         tp: int = 1) -> EngineRun:
-    """Serve ``requests`` through ``lmdeploy.pipeline`` (Ascend, greedy, ``ignore_eos``) and close it.
+    """Serve ``requests`` through ``lmdeploy.pipeline`` (the simulated vendor, greedy, ``ignore_eos``) and close it.
 
     ``executor="mp"`` (and every ``tp`` > 1) runs the model in processes lmdeploy spawns: they see the simulated
     NPU through the switch's environment, vendor_graph activates itself in them (its autoload), and what their
@@ -238,12 +298,14 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
     from . import device as sim
 
     in_workers = executor != "uni" or tp > 1
+    vendor = simulated_vendor()
     record = EngineRun(model=model, mode="graph" if graph else "eager", lmdeploy=lmdeploy.__version__,
-                       torch_npu=getattr(__import__("torch_npu"), "__version__", "?"), executor=executor, tp=tp,
+                       torch_npu="", executor=executor, tp=tp,
                        max_batch_size=max_batch_size, prefix_caching=prefix_caching,
-                       cache="from free memory" if cache_from_memory else "fixed", requests=len(requests))
+                       cache="from free memory" if cache_from_memory else "fixed", requests=len(requests),
+                       vendor=vendor)
     config = PytorchEngineConfig(
-        device_type="ascend", eager_mode=not graph, max_batch_size=max_batch_size, block_size=BLOCK_SIZE,
+        device_type=vendor, eager_mode=not graph, max_batch_size=max_batch_size, block_size=BLOCK_SIZE,
         session_len=SESSION_LEN, enable_prefix_caching=prefix_caching, distributed_executor_backend=executor, tp=tp,
         num_gpu_blocks=0 if cache_from_memory else FIXED_BLOCKS,
         cache_max_entry_count=AUTO_CACHE_FRACTION if cache_from_memory else 0.8)
@@ -259,6 +321,7 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
         try:
             with _counting_prefill_kernels(record):
                 outputs = pipe([r.prompt for r in requests], gen_config=gen)
+            record.buffer_methods = buffer_methods_in_force()
             agent = None if in_workers else _model_agent(pipe)
             runner = getattr(agent, "patched_model", None)
             record.runner = _runner_name(runner) if runner is not None else ""
@@ -278,7 +341,11 @@ def run(model_dir: Path, *, model: str, graph: bool, requests: Sequence[Request]
                 record.runner = first.get("runner", "")
                 _record_runner(record, first, first["captures"], first["replays"], first["eager_steps"])
     record.seconds = round(time.perf_counter() - start, 2)
-    torch.npu.synchronize()
+    record.torch_npu = runtime_version(vendor)
+    if on_real_device():
+        torch.cuda.synchronize()
+    else:
+        sim.synchronize()
     for out in outputs:
         record.tokens.append(list(out.token_ids))
         record.finish_reasons.append(str(out.finish_reason))
@@ -309,12 +376,13 @@ class Comparison:
 
 def compare(model: str, *, workdir: Path | None = None, seed: int = 0, requests: int = 10, max_batch_size: int = 6,
             prefix_caching: bool = False, cache_from_memory: bool = False, executor: str = "uni",
-            tp: int = 1, eager_tp: int | None = None) -> Comparison:
+            tp: int = 1, eager_tp: int | None = None, prompt_words: int | None = None) -> Comparison:
     """:func:`run` eager, then in graph mode, on one checkpoint of ``model`` and one workload (the eager run with
     ``eager_tp`` ranks, default ``tp``: a tensor-parallel graph run against a one-card eager run)."""
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         checkpoint = write_model(model, Path(tmp) / model, seed)
-        load = workload(seed, requests=requests, shared_prefix=2 * BLOCK_SIZE + 3 if prefix_caching else 0)
+        load = workload(seed, requests=requests, shared_prefix=2 * BLOCK_SIZE + 3 if prefix_caching else 0,
+                        prompt_words=prompt_words)
         kwargs = dict(model=model, requests=load, max_batch_size=max_batch_size, prefix_caching=prefix_caching,
                       cache_from_memory=cache_from_memory)
         eager_tp = tp if eager_tp is None else eager_tp
@@ -328,23 +396,26 @@ def compare(model: str, *, workdir: Path | None = None, seed: int = 0, requests:
 CASES = {  # name -> compare() options
     "basic": {},
     "prefix-auto": {"prefix_caching": True, "cache_from_memory": True},
+    # every prompt as long as the others: dlinfer's MACA MLA prefill views the batch as (batch, seq, heads, dim)
+    "equal-prompts": {"prompt_words": 12},
 }
 
 
 RUNNERS = {
-    "vendor_graph": "import vendor_graph.ascend first, as the README says",
+    "vendor_graph": "import vendor_graph.<vendor> first, as the README says",
     "dlinfer": "vendor_graph not imported; only its bridges installed, so that the engine starts on this stack and "
-               "dlinfer's own AscendGraphRunner serves the graphs",
+               "dlinfer's own runner serves the graphs (Ascend: its AscendGraphRunner; Camb, MACA: lmdeploy's CUDA "
+               "runner with dlinfer's cudagraph patches)",
     "dlinfer-bare": "nothing of vendor_graph: lmdeploy and dlinfer as they are",
 }
 
 
-def install_bridges_alone() -> Any:
+def install_bridges_alone(vendor: str = "ascend") -> Any:
     """vendor_graph's bridges without vendor_graph (:data:`RUNNERS` ``dlinfer``); returns what lists the names of
     those installed so far (a bridge installs when the module it fixes is imported)."""
     from vendor_graph.install import bridges, patching
 
-    alone = patching.Activation(vendor="ascend")
+    alone = patching.Activation(vendor=vendor)
     bridges.install(alone)
 
     def names() -> list[str]:
@@ -396,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m vendor_graph_sim.engine")
     parser.add_argument("out", type=Path)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*MODELS, *EXTRA_MODELS))
     parser.add_argument("--cases", nargs="+", default=["basic"], choices=sorted(CASES))
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-batch-size", type=int, default=6)
@@ -407,18 +478,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eager-tp", type=int, default=None, help="ranks of the eager run (default --tp)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
                         help="seconds the runs may take before the process ends with status 124 (a hang)")
+    parser.add_argument("--real-device", choices=("ascend", "camb", "maca"), default=None,
+                        help="run on this machine's device of that vendor (its runtime and dlinfer installed), not on "
+                             "the simulator: the hardware workflows' engine conformance")
     parser.add_argument("--runner", choices=sorted(RUNNERS), default="vendor_graph",
                         help="; ".join(f"{k}: {v}" for k, v in RUNNERS.items()))
     args = parser.parse_args(argv)
     watchdog = _watchdog(args.timeout)
-    switch_on(os.environ.get("VENDOR_GRAPH_SIM", "").strip() or "G5")
+    if args.real_device is None:
+        switch_on(os.environ.get("VENDOR_GRAPH_SIM", "").strip() or "G5")
+    else:
+        _REAL_VENDOR[:] = [args.real_device]
+    vendor = simulated_vendor()
     if args.runner == "vendor_graph":
-        importlib.import_module("vendor_graph.ascend")  # the user's `import vendor_graph.ascend`, before lmdeploy
+        importlib.import_module(f"vendor_graph.{vendor}")  # the user's `import vendor_graph.ascend`, before lmdeploy
         from vendor_graph.install import bridges
 
         applied = lambda: sorted({b.name for b in bridges.applied()})  # noqa: E731
     elif args.runner == "dlinfer":
-        applied = install_bridges_alone()
+        applied = install_bridges_alone(vendor)
     else:
         applied = lambda: []  # noqa: E731
 
@@ -436,13 +514,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 entry["traceback"] = traceback.format_exc()[-3000:]
             results.append(entry)
     import lmdeploy
-    import torch_npu
 
     from . import boot
 
     args.out.write_text(json.dumps({
-        "lmdeploy": lmdeploy.__version__, "torch_npu": torch_npu.__version__,
-        "simulated": os.environ.get(boot.ENV, "G5"), "runner": args.runner, "bridges": applied(),
+        "lmdeploy": lmdeploy.__version__, "vendor": vendor, "torch_npu": runtime_version(vendor),
+        "simulated": None if args.real_device else os.environ.get(boot.ENV, "G5"), "runner": args.runner,
+        "bridges": applied(),
         "results": results}, indent=1))
     watchdog.cancel()
     print(f"wrote {args.out}", file=sys.stderr)

@@ -39,6 +39,8 @@ from .boot import pinned_release  # noqa: F401  (re-exported: the tests, the dem
 from .variables import DLINFER_SRC, dlinfer_src
 
 MODELS = ("lmdeploy-llama", "lmdeploy-mla")
+# written on request only (not in the default runs): a Mixtral (grouped-query attention, a routed MoE in each layer)
+EXTRA_MODELS = ("lmdeploy-mixtral",)
 BLOCK_SIZE = 16
 NUM_BLOCKS = 48  # block 0 stays reserved, as lmdeploy's cache engine keeps it
 # (rtol, atol) for hidden states graph vs eager: the simulator replays the same kernels on the same
@@ -118,6 +120,27 @@ MLA_CONFIG = dict(
 )
 
 
+MIXTRAL_CONFIG = dict(
+    architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=256, intermediate_size=192,
+    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=384,
+    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
+    rope_theta=10000.0, hidden_act="silu", sliding_window=None, tie_word_embeddings=False, torch_dtype="float16",
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+
+def _mixtral_weights(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    shapes = {k: v for k, v in _llama_weights(c).items() if ".mlp." not in k}
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}.block_sparse_moe."
+        shapes[p + "gate.weight"] = (c["num_local_experts"], h)
+        for e in range(c["num_local_experts"]):
+            shapes.update({f"{p}experts.{e}.w1.weight": (inter, h), f"{p}experts.{e}.w3.weight": (inter, h),
+                           f"{p}experts.{e}.w2.weight": (h, inter)})
+    return shapes
+
+
 def _llama_weights(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     h, d, kv = c["hidden_size"], c["head_dim"], c["num_key_value_heads"]
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,),
@@ -161,10 +184,12 @@ def write_checkpoint(model: str, directory: Path, seed: int = 0) -> Path:
     """A random-weight HF checkpoint (``config.json`` + ``model.safetensors``) of ``model`` in ``directory``."""
     from safetensors.torch import save_file
 
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    config = LLAMA_CONFIG if model == "lmdeploy-llama" else MLA_CONFIG
-    shapes = _llama_weights(config) if model == "lmdeploy-llama" else _mla_weights(config)
+    configs = {"lmdeploy-llama": (LLAMA_CONFIG, _llama_weights), "lmdeploy-mla": (MLA_CONFIG, _mla_weights),
+               "lmdeploy-mixtral": (MIXTRAL_CONFIG, _mixtral_weights)}
+    if model not in configs:
+        raise ValueError(f"model must be one of {(*MODELS, *EXTRA_MODELS)}, got {model!r}")
+    config, weights = configs[model]
+    shapes = weights(config)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in shapes.items():

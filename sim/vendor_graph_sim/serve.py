@@ -116,17 +116,24 @@ def cache_flags() -> list[str]:
 
 
 def server_command(model_dir: Path, port: int, *, graph: bool, model_name: str,
-                   max_batch_size: int = MAX_BATCH_SIZE) -> list[str]:
-    """``vendor-graph run --vendor ascend -- lmdeploy serve api_server ...`` with the engine settings of
-    :mod:`vendor_graph_sim.engine` (block size, session length, a fixed cache)."""
-    command = [_script("vendor-graph"), "run", "--vendor", VENDOR, "--",
-               _script("lmdeploy"), "serve", "api_server", str(model_dir), "--backend", "pytorch", "--device", VENDOR,
+                   max_batch_size: int = MAX_BATCH_SIZE, vendor: str = VENDOR) -> list[str]:
+    """``vendor-graph run --vendor <vendor> -- lmdeploy serve api_server ... --device <vendor>`` with the engine
+    settings of :mod:`vendor_graph_sim.engine` (block size, session length, a fixed cache)."""
+    command = [_script("vendor-graph"), "run", "--vendor", vendor, "--",
+               _script("lmdeploy"), "serve", "api_server", str(model_dir), "--backend", "pytorch", "--device", vendor,
                "--server-name", HOST, "--server-port", str(port), "--model-name", model_name,
                "--max-batch-size", str(max_batch_size), "--session-len", str(engine.SESSION_LEN),
                "--cache-block-seq-len", str(engine.BLOCK_SIZE), *cache_flags(), "--log-level", "ERROR"]
     if not graph:
         command.append("--eager-mode")
     return command
+
+
+def vendor_of(switch: str) -> str:
+    """The vendor whose simulated device the switch value ``switch`` names (``camb``, ``maca``; else Ascend's NPU)."""
+    from .boot import CUDA_STYLE
+
+    return switch.lower() if switch.lower() in CUDA_STYLE else VENDOR
 
 
 def server_environment(*, generation: str, stats_file: Path, dlinfer_src: str | None = None,
@@ -280,7 +287,8 @@ def start(model_dir: Path, workdir: Path, *, graph: bool, generation: str = "G5"
     for attempt in range(1, START_ATTEMPTS + 1):
         stats_file.unlink(missing_ok=True)  # what is read after SIGTERM is this server's, written as it exited
         port = free_port()
-        command = server_command(Path(model_dir), port, graph=graph, model_name=name, max_batch_size=max_batch_size)
+        command = server_command(Path(model_dir), port, graph=graph, model_name=name, max_batch_size=max_batch_size,
+                                 vendor=vendor_of(generation))
         out, err = workdir / f"server-{mode}.out", workdir / f"server-{mode}.err"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,

@@ -71,6 +71,8 @@ TEST_HARNESS = (
     _tooling("VENDOR_GRAPH_CONFORMANCE_GENERATIONS", "the torch_npu generations the decode-parity matrix runs "
              "(space-separated; default every one with a graph API)"),
     _tooling("VENDOR_GRAPH_REAL_STACK_GENERATIONS", "the torch_npu generations the real-stack leg runs (default all)"),
+    _tooling("VENDOR_GRAPH_REAL_DEVICE", "ascend, camb or maca: tests/realstack/test_engine.py runs lmdeploy's engine "
+             "on this machine's real device of that vendor, not the simulator (the hardware workflows)"),
 )
 
 

@@ -1,10 +1,13 @@
 """vendor_graph.install.bridges: lmdeploy's real callers against dlinfer's real signatures.
 
 Two layers. In this process: lmdeploy's own ``StateCacheEngine`` and dlinfer kernels (``paged_attention_fwd``,
-``flash_attention_fwd``), calling recorders that have the parameter lists of dlinfer main (a50184e): what the bridge
-hands dlinfer, value by value, and when it stands aside. In a child process (:data:`PROBE`): the real dlinfer on
-the simulated NPU (``vendor_graph_sim.realstack``), its own ``patch_state_cache_engine`` and ``dlinfer.ops`` down to
-the emulated Ascend kernels, against the values lmdeploy 0.16's Ascend backend passed.
+``flash_attention_fwd``; on Camb and MACA from their own ``update_step_context`` and attention layers), calling
+recorders that have the parameter lists of dlinfer main (a50184e), its Camb and MACA functions' included: what the
+bridge hands dlinfer, value by value, and when it stands aside. In child processes: the real dlinfer on the
+simulated NPU (:data:`PROBE`, ``vendor_graph_sim.realstack``), its own ``patch_state_cache_engine`` and
+``dlinfer.ops`` down to the emulated Ascend kernels, against the values lmdeploy 0.16's Ascend backend passed; and
+the Camb/MACA steps with their tensors on the simulator's device (:data:`CUDA_STYLE_PROBE`), whose lengths must
+reach dlinfer on the device, as lmdeploy 0.16's Camb and MACA backends passed them.
 
 Which bridge has work depends on the release installed, read from lmdeploy's source (not its version): 0.16/0.17
 call ``allocate_caches(state_specs=...)``; 0.18 calls ``prefill_attention(..., actual_seq_lengths_cpu=...)``.
@@ -436,11 +439,11 @@ def test_the_flash_attention_kernel_is_bridged_too(dlinfer_ops, activate_bridges
 
 
 @needs_018_prefill
-@pytest.mark.parametrize("vendor", ["camb", "maca"])
-def test_the_prefill_bridge_stands_aside_with_a_warning_where_dlinfers_kernels_take_device_lengths(
+@pytest.mark.parametrize("vendor", [None, "ppu"])
+def test_the_prefill_bridge_stands_aside_with_a_warning_for_a_vendor_whose_016_call_it_does_not_know(
         dlinfer_ops, activate_bridges, monkeypatch, caplog, vendor):
-    """The adapter hands over host lengths (Ascend's form); lmdeploy 0.16 gave Camb's and MACA's kernels device
-    lengths, in other layouts, so there the bridge says why it does not install rather than hand them host ones."""
+    """The bridge reproduces lmdeploy 0.16's call per dlinfer vendor (Ascend's host lengths, Camb's and MACA's
+    device tensors); for another vendor, or none recognised, it says why it does not install rather than guess."""
     pagedattention, _ = _kernels()
     ops = dlinfer_ops(a50184e_ops(Recorder()))
     monkeypatch.setattr(bridges, "dlinfer_vendor", lambda: vendor)
@@ -448,7 +451,369 @@ def test_the_prefill_bridge_stands_aside_with_a_warning_where_dlinfers_kernels_t
         activate_bridges()
     assert pagedattention.ext_ops is ops and bridges.applied() == ()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(f"dlinfer's vendor here is {vendor}" in w and "pagedattention" in w for w in warnings), warnings
+    assert any(f"dlinfer's vendor here is {vendor}" in w and "pagedattention" in w and "ascend, camb, maca" in w
+               for w in warnings), warnings
+
+
+# -- prefill-attention on Camb and MACA: lmdeploy 0.18's step, in lmdeploy 0.16's device tensors -----------------
+
+CUDA_STYLE = ("camb", "maca")
+CU_SEQLENS = [0, 3, 8, 10]  # Q_LENS cumulated
+BLOCKS = [[1, 2, 3], [4, 5, 6], [7, 0, 0]]
+
+
+def cuda_style_ops(recorder):
+    """``dlinfer.ops``' two prefill ops (a50184e's ``ops/llm.py`` parameter lists and defaults), handing their
+    arguments to the vendor's function positionally as dlinfer does (``prefill_attention`` drops ``key_cache``,
+    ``value_cache`` and ``kv_seq_len``, ``paged_prefill_attention`` drops ``head_size_v``): recorders with the
+    parameter lists of dlinfer's ``vendor/camb/camb_ops.py`` and ``vendor/maca/maca_ops.py`` (the same for both).
+    Plus a ``fill_kv_cache`` that writes nothing (lmdeploy's attention layer fills the cache first)."""
+
+    def vendor_prefill_attention(query, key, value, q_start_loc, q_seq_len, max_q_seq_len, num_q_heads, num_kv_heads,
+                                 attn_mask, softmax_scale, alibi_slopes, attn_output):
+        arguments = dict(locals())
+        del arguments["recorder"]  # locals() has the closure's free variable too
+        recorder.calls.append(("prefill_attention", arguments))
+        return attn_output
+
+    def vendor_paged_prefill_attention(query, key, value, key_cache, value_cache, block_table, block_size,
+                                       q_start_loc, q_seq_len, kv_seq_len, cu_seq_lens_kv, max_q_seq_len,
+                                       max_kv_seq_len, num_q_heads, num_kv_heads, attn_mask, softmax_scale,
+                                       alibi_slopes, attn_output, kv_scales, kv_zeros, quant_bits):
+        arguments = dict(locals())
+        del arguments["recorder"]
+        recorder.calls.append(("paged_prefill_attention", arguments))
+        return attn_output
+
+    def prefill_attention(query, key, value, key_cache, value_cache, q_start_loc, q_seq_len, kv_seq_len,
+                          max_q_seq_len, num_q_heads, num_kv_heads, attn_mask, softmax_scale=None, alibi_slopes=None,
+                          attn_output=None):
+        recorder.kv_seq_len.append(kv_seq_len)
+        return vendor_prefill_attention(query, key, value, q_start_loc, q_seq_len, max_q_seq_len, num_q_heads,
+                                        num_kv_heads, attn_mask, softmax_scale, alibi_slopes, attn_output)
+
+    def paged_prefill_attention(query, key, value, key_cache, value_cache, block_table, block_size, q_start_loc,
+                                q_seq_len, kv_seq_len, cu_seq_lens_kv, max_q_seq_len, max_kv_seq_len, num_q_heads,
+                                num_kv_heads, attn_mask, head_size_v=0, softmax_scale=None, alibi_slopes=None,
+                                attn_output=None, kv_scales=None, kv_zeros=None, quant_bits=0):
+        return vendor_paged_prefill_attention(query, key, value, key_cache, value_cache, block_table, block_size,
+                                              q_start_loc, q_seq_len, kv_seq_len, cu_seq_lens_kv, max_q_seq_len,
+                                              max_kv_seq_len, num_q_heads, num_kv_heads, attn_mask, softmax_scale,
+                                              alibi_slopes, attn_output, kv_scales, kv_zeros, quant_bits)
+
+    def fill_kv_cache(key, value, key_cache, value_cache, kv_indices, k_scales_zeros=(), v_scales_zeros=(),
+                      quant_bits=0):
+        return key_cache, value_cache
+
+    recorder.kv_seq_len = []
+    recorder.vendor = {"prefill_attention": vendor_prefill_attention,
+                       "paged_prefill_attention": vendor_paged_prefill_attention}
+    return {"prefill_attention": prefill_attention, "paged_prefill_attention": paged_prefill_attention,
+            "fill_kv_cache": fill_kv_cache}
+
+
+def op_backend(vendor):
+    import importlib
+
+    module = importlib.import_module(f"lmdeploy.pytorch.backends.dlinfer.{vendor}.op_backend")
+    return getattr(module, f"{vendor.capitalize()}OpsBackend")
+
+
+def activate_cuda_style(vendor):
+    """What ``vendor_graph.<vendor>``'s activation adds that these steps need on lmdeploy 0.18: its metadata fix
+    (lmdeploy's own Camb/MACA ``update_step_context`` raises without it) and the bridges."""
+    from vendor_graph.install import metadata_fix
+
+    def setup(activation):
+        activation.add(metadata_fix.metadata_fix_patch(op_backend(vendor)))
+        bridges.install(activation)
+
+    return patching.activate(vendor, setup)
+
+
+def cuda_style_prefills(vendor, device):
+    """lmdeploy 0.18 running the test's three prefills on ``vendor`` with its tensors on ``device``: a step without
+    cache and one over a cache (lengths Q_LENS / Q_LENS and Q_LENS / KV_LENS), each through lmdeploy's own
+    ``update_step_context`` and ``DlinferAttentionImpl.forward``, and a vision tower's flash attention
+    (``DlinferFlashAttentionImpl.forward`` given ``cu_seqlens[:-1]`` and its differences, as Qwen2-VL's does).
+    Returns ``{case: (inputs, metadata)}``; what reached dlinfer is on the recorder."""
+    from types import SimpleNamespace
+
+    from lmdeploy.pytorch.backends.dlinfer.attention import DlinferAttentionImpl
+    from lmdeploy.pytorch.backends.dlinfer.flash_attention import DlinferFlashAttentionImpl
+
+    backend = op_backend(vendor)
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device)
+
+    seen = {}
+    for case, kv_lens in (("prefill", Q_LENS), ("paged_prefill", KV_LENS)):
+        backend.total_slots = None  # lmdeploy caches its slot table on the class
+        shape = (8, KV_HEADS, BLOCK, DIM) if vendor == "camb" else (8, BLOCK, KV_HEADS, DIM)
+        q_seqlens = torch.tensor(Q_LENS, device=device)  # lmdeploy's StepContext: int64, on the device
+        history = torch.tensor(kv_lens, device=device) - q_seqlens
+        context = SimpleNamespace(
+            kv_caches=[(randn(*shape), randn(*shape))], is_decoding=False, q_seqlens=q_seqlens,
+            kv_seqlens=q_seqlens + history, q_start_loc=q_seqlens.cumsum(0) - q_seqlens,
+            block_offsets=torch.tensor(BLOCKS, device=device), attn_metadata=None)
+        meta = backend.update_step_context(context).attn_metadata
+        inputs = dict(query=randn(sum(Q_LENS), HEADS, DIM), key=randn(sum(Q_LENS), KV_HEADS, DIM),
+                      value=randn(sum(Q_LENS), KV_HEADS, DIM), k_cache=context.kv_caches[0][0],
+                      v_cache=context.kv_caches[0][1])
+        impl = DlinferAttentionImpl(HEADS, DIM, scale=0.5, num_kv_heads=KV_HEADS, v_head_size=DIM)
+        impl.forward(**inputs, attn_metadata=meta)
+        seen[case] = inputs, meta
+    backend.total_slots = None
+    cu_seqlens = torch.tensor(CU_SEQLENS, dtype=torch.int32, device=device)  # a vision tower's
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    inputs = dict(query=randn(sum(Q_LENS), HEADS, DIM), key=randn(sum(Q_LENS), HEADS, DIM),
+                  value=randn(sum(Q_LENS), HEADS, DIM), q_start_loc=cu_seqlens[:-1], q_seqlens=lengths)
+    DlinferFlashAttentionImpl(HEADS, DIM, scale=0.5).forward(**inputs, kv_start_loc=inputs["q_start_loc"],
+                                                             kv_seqlens=lengths, max_q_seqlen=max(Q_LENS))
+    seen["flash"] = inputs, None
+    return seen
+
+
+def describe(value):
+    """A value dlinfer's vendor function got, as data: a tensor's device type, dtype and values (a float tensor's
+    shape instead of its values), a sequence item by item."""
+    if isinstance(value, torch.Tensor):
+        data = value.cpu().tolist() if not value.is_floating_point() else list(value.shape)
+        return {"device": value.device.type, "dtype": str(value.dtype).removeprefix("torch."), "values": data}
+    if isinstance(value, (list, tuple)):
+        return [describe(v) for v in value]
+    return int(value) if isinstance(value, int) else value
+
+
+def expected_016(vendor, case, device):
+    """What lmdeploy 0.16/0.17 handed dlinfer's ``vendor`` prefill function for the test's step, written out from
+    their Camb/MACA ``update_step_context`` and dlinfer kernels (independently of the bridge): every length a
+    tensor on the device. ``q_start_loc``: ``cu_seqlens`` (``cat(q_start_loc, total).int()``, batch + 1) from the
+    attention metadata, or the flash kernel's own (per-sequence starts); Camb passes StepContext's int64
+    ``q_seqlens`` unconverted and builds ``cu_seq_lens_kv``, MACA converts with ``.int()`` and passes None."""
+
+    def tensor(values, dtype):
+        return {"device": device, "dtype": dtype, "values": values}
+
+    q_dtype = "int64" if vendor == "camb" else "int32"
+    common = dict(num_q_heads=HEADS, num_kv_heads=KV_HEADS, softmax_scale=0.5, alibi_slopes=None)
+    if case == "flash":
+        return dict(common, num_kv_heads=HEADS, q_start_loc=tensor(CU_SEQLENS[:-1], "int32"),
+                    q_seq_len=tensor(Q_LENS, "int32"), max_q_seq_len=max(Q_LENS), attn_mask=[])
+    mask = None if vendor == "camb" else []
+    if case == "prefill":
+        return dict(common, q_start_loc=tensor(CU_SEQLENS, "int32"), q_seq_len=tensor(Q_LENS, q_dtype),
+                    max_q_seq_len=max(Q_LENS), attn_mask=mask)
+    return dict(common, q_start_loc=tensor(CU_SEQLENS, "int32"), q_seq_len=tensor(Q_LENS, q_dtype),
+                kv_seq_len=tensor(KV_LENS, "int32"),
+                cu_seq_lens_kv=tensor([0, 7, 16, 20], "int32") if vendor == "camb" else None,
+                max_q_seq_len=max(Q_LENS), max_kv_seq_len=max(KV_LENS), block_table=tensor(BLOCKS, "int32"),
+                block_size=BLOCK, attn_mask=mask, kv_scales=None, kv_zeros=None, quant_bits=0)
+
+
+def host_reads(calls):
+    """The (op, argument) of each length tensor on the host in a call whose query is on a device: what lmdeploy
+    0.16's Camb/MACA backends never passed, and their kernels (``tmo.flash_attention``, ``flash_attn_varlen_func``,
+    the context-attention kernel) read on the device."""
+    return [(name, arg) for name, got in calls if got["query"]["device"] != "cpu"
+            for arg, value in got.items() if isinstance(value, dict) and value["dtype"].startswith("int")
+            and value["device"] == "cpu"]
+
+
+@pytest.fixture
+def cuda_style_bridge(dlinfer_ops, monkeypatch):
+    """(vendor -> the recorder) activating ``vendor`` as ``activate_cuda_style`` does, with dlinfer's vendor that
+    one and its ops the recorders."""
+
+    def activate(vendor):
+        recorder = Recorder()
+        dlinfer_ops(cuda_style_ops(recorder))
+        monkeypatch.setattr(bridges, "dlinfer_vendor", lambda: vendor)
+        monkeypatch.setattr(op_backend(vendor), "total_slots", None)
+        activate_cuda_style(vendor)
+        return recorder
+
+    yield activate
+    vendor_graph.uninstall()
+
+
+@needs_018_prefill
+@pytest.mark.parametrize("vendor", CUDA_STYLE)
+def test_018_prefills_reach_camb_and_maca_with_what_016_passed(cuda_style_bridge, vendor):
+    """lmdeploy 0.18's step through its own Camb/MACA backend and kernels reaches dlinfer's vendor function with
+    lmdeploy 0.16's arguments, value by value and dtype by dtype; the tensors 0.18 still passes (lengths, query,
+    caches, block table, output) are the same objects."""
+    recorder = cuda_style_bridge(vendor)
+    seen = cuda_style_prefills(vendor, "cpu")
+    assert [name for name, _ in recorder.calls] == ["prefill_attention", "paged_prefill_attention",
+                                                    "prefill_attention"]
+    for case, (_, got) in zip(("prefill", "paged_prefill", "flash"), recorder.calls, strict=True):
+        expected = expected_016(vendor, case, "cpu")
+        assert {k: describe(got[k]) for k in expected} == expected, case
+        inputs, meta = seen[case]
+        assert got["query"] is inputs["query"] and got["key"] is inputs["key"] and got["value"] is inputs["value"]
+        if case != "flash":  # the attention layer writes in place (0.16 and 0.18); flash into a new tensor
+            assert got["attn_output"].data_ptr() == inputs["query"].data_ptr()
+        if case == "prefill":
+            assert got["q_seq_len"] is meta.q_seqlens  # the device tensor 0.16 passed, as 0.18 still does
+        elif case == "paged_prefill":
+            assert got["block_table"] is meta.block_offsets
+            assert got["key_cache"] is inputs["k_cache"] and got["value_cache"] is inputs["v_cache"]
+        else:
+            assert got["q_seq_len"] is inputs["q_seqlens"]
+    # prefill_attention's kv_seq_len, which dlinfer does not hand its Camb/MACA function: 0.16's device tensors
+    no_cache, flash = recorder.kv_seq_len
+    assert no_cache is seen["prefill"][1].kv_seqlens and no_cache.dtype == torch.int32 and no_cache.tolist() == Q_LENS
+    assert flash is seen["flash"][0]["q_seqlens"]
+    targets = sorted(a.target for a in bridges.applied())
+    assert targets == [f"lmdeploy.pytorch.kernels.dlinfer.{m}.ext_ops" for m in ("flash_attention", "pagedattention")]
+
+
+@needs_018_prefill
+def test_unbridged_018_prefill_on_camb_raises(dlinfer_ops, monkeypatch):
+    monkeypatch.setenv(ENV, "off")
+    dlinfer_ops(cuda_style_ops(Recorder()))
+    monkeypatch.setattr(op_backend("camb"), "total_slots", None)
+    activate_cuda_style("camb")
+    try:
+        with pytest.raises(TypeError, match="actual_seq_lengths_cpu"):
+            cuda_style_prefills("camb", "cpu")
+    finally:
+        vendor_graph.uninstall()
+
+
+def test_the_q_start_loc_forms_name_lmdeploys_calling_functions():
+    """The kernel functions :data:`bridges.Q_START_LOC` names are the ones making lmdeploy's prefill_attention
+    calls (read from the installed lmdeploy's source), on every release."""
+    forms = [f for module in _kernels() for f in bridges.call_forms(module, "prefill_attention", ("ext_ops",))]
+    assert sorted(f.function for f in forms) == sorted(bridges.Q_START_LOC)
+
+
+@needs_018_prefill
+def test_a_camb_call_from_a_kernel_function_the_bridge_does_not_know_is_left_alone(
+        dlinfer_ops, monkeypatch, caplog, tmp_path):
+    """On Camb/MACA the q_start_loc lmdeploy 0.16 passed depends on the calling kernel; for an unknown one the
+    bridge does not guess (on Ascend, whose kernels do not read it, it adapts)."""
+    from load_by_path import load_by_path
+
+    source = tmp_path / "vg_unknown_kernel.py"
+    source.write_text("import dlinfer.ops as ext_ops\n\n\n"
+                      "def sliding_window_fwd(q, k, v, out, q_seqlens, ends):\n"
+                      "    return ext_ops.prefill_attention(q, k, v, None, None, q_seqlens, q_seqlens, 5, 2, 1, [],\n"
+                      "                                     attn_output=out, actual_seq_lengths_cpu=ends)\n")
+    module = load_by_path("vg_unknown_kernel", source)
+    monkeypatch.delitem(sys.modules, "vg_unknown_kernel")
+    dlinfer_ops(cuda_style_ops(Recorder()))
+    for vendor, bridged in (("camb", False), ("ascend", True)):
+        monkeypatch.setattr(bridges, "dlinfer_vendor", lambda vendor=vendor: vendor)
+        activation = patching.activate(vendor, lambda activation: None)
+        with caplog.at_level(logging.WARNING, logger="vendor_graph"):
+            bridges._check_kernels(activation, module)
+        assert (module.ext_ops is not sys.modules["dlinfer.ops"]) is bridged, vendor
+        vendor_graph.uninstall()
+        assert module.ext_ops is sys.modules["dlinfer.ops"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "from sliding_window_fwd" in warnings[0] and "camb" in warnings[0], warnings
+
+
+def test_the_recorders_have_dlinfers_parameter_lists(dlinfer_available):
+    """The recorders' parameter lists are dlinfer's: ``ops/llm.py``'s ops (without the defaults its decorator
+    adds) and the vendor functions of ``vendor/camb/camb_ops.py`` and ``vendor/maca/maca_ops.py``, read from the
+    source (their modules import torch_mlu_ops / flash_attn, which are not here)."""
+    import ast
+    import importlib.util
+
+    origin, root = dlinfer_available
+    package = root / "dlinfer" if root is not None else Path(importlib.util.find_spec("dlinfer").origin).parent
+
+    def parameters(path, name):
+        tree = ast.parse((package / path).read_text())
+        [function] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        return [a.arg for a in function.args.args]
+
+    recorder = Recorder()
+    ops = cuda_style_ops(recorder)
+    for name in ("prefill_attention", "paged_prefill_attention"):
+        assert list(inspect.signature(ops[name]).parameters) == parameters("ops/llm.py", name)
+        assert list(inspect.signature(a50184e_ops(recorder)[name]).parameters) == parameters("ops/llm.py", name)
+        for vendor in CUDA_STYLE:
+            assert list(inspect.signature(recorder.vendor[name]).parameters) == parameters(
+                f"vendor/{vendor}/{vendor}_ops.py", name), (vendor, name)
+
+
+# -- the same prefills with the tensors on a device, in a child process -----------------------------------------
+
+CUDA_STYLE_PROBE = r"""
+import json, sys
+from pathlib import Path
+from vendor_graph_sim import device as sim
+
+sim.install()  # the simulator's device: not the host, as Camb's MLU and MACA's GPU are not
+here = Path(sys.argv[1])
+sys.path[:0] = [str(here), str(here.parent)]
+from load_by_path import load_by_path
+tests = load_by_path("_vg_test_bridges", here / "test_bridges.py")
+import dlinfer.ops
+import vendor_graph
+from vendor_graph.install import bridges
+
+out = {}
+for vendor, form in (("camb", "camb"), ("maca", "maca"), ("camb", "ascend")):
+    recorder = tests.Recorder()
+    for name, fn in tests.cuda_style_ops(recorder).items():
+        setattr(dlinfer.ops, name, fn)
+    bridges.dlinfer_vendor = lambda form=form: form
+    tests.activate_cuda_style(vendor)
+    tests.cuda_style_prefills(vendor, sim.installed())
+    vendor_graph.uninstall()
+    out[f"{vendor} as {form}"] = [[name, {k: tests.describe(v) for k, v in got.items()}]
+                                  for name, got in recorder.calls]
+print(json.dumps({"device": sim.installed(), "runs": out}))
+"""
+
+
+@pytest.fixture(scope="module")
+def on_a_device():
+    """:func:`cuda_style_prefills` on the simulator's device (its own process: it takes torch's one PrivateUse1
+    slot), for Camb and MACA, and for Camb with the bridge in Ascend's form (host lengths)."""
+    proc = subprocess.run([sys.executable, "-c", CUDA_STYLE_PROBE, str(Path(__file__).resolve().parent)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_016_calls(calls, vendor, device):
+    """``calls`` (described) are lmdeploy 0.16's for the test's three prefills on ``vendor``, its lengths on
+    ``device``; AssertionError naming the first difference otherwise."""
+    assert [name for name, _ in calls] == ["prefill_attention", "paged_prefill_attention", "prefill_attention"]
+    assert host_reads(calls) == [], "host lengths where lmdeploy 0.16 gave the device kernel device tensors"
+    for case, (_, got) in zip(("prefill", "paged_prefill", "flash"), calls, strict=True):
+        expected = expected_016(vendor, case, device)
+        assert {k: got[k] for k in expected} == expected, case
+        assert got["query"]["device"] == device
+
+
+@needs_018_prefill
+@pytest.mark.parametrize("vendor", CUDA_STYLE)
+def test_on_a_device_camb_and_maca_get_016s_device_tensors(on_a_device, vendor):
+    """On a device, every length dlinfer's Camb/MACA function gets is a device tensor, as lmdeploy 0.16 gave it
+    (the bridge copies 0.18's host lengths over where 0.18 passes no device ones), with 0.16's values."""
+    device = on_a_device["device"]
+    assert device != "cpu"
+    check_016_calls(on_a_device["runs"][f"{vendor} as {vendor}"], vendor, device)
+
+
+@needs_018_prefill
+def test_host_lengths_handed_to_camb_fail_the_device_check(on_a_device):
+    """The failure put back: the bridge in Ascend's form on Camb hands its kernels host lengths (what the bridge
+    did for every vendor before): the check above refuses them, naming each."""
+    calls = on_a_device["runs"]["camb as ascend"]
+    assert {("prefill_attention", "q_start_loc"), ("paged_prefill_attention", "q_start_loc"),
+            ("paged_prefill_attention", "cu_seq_lens_kv")} <= set(host_reads(calls))
+    with pytest.raises(AssertionError, match="host lengths"):
+        check_016_calls(calls, "camb", on_a_device["device"])
 
 
 @needs_018_prefill

@@ -1,6 +1,6 @@
 """`vendor-graph demo` as a user runs it (a child interpreter: the simulator switch is process-wide): by default
-lmdeploy's own pipeline on the simulated Ascend NPU, eager against graph mode with vendor_graph.ascend; without
-a dlinfer it says how to provide one; Camb and MACA run the tiny decoder and say why.
+lmdeploy's own pipeline on the simulated Ascend NPU, eager against graph mode with vendor_graph.ascend (Camb and MACA
+on their simulated devices the same way); without a dlinfer it says how to provide one.
 
 The engine demo takes about half a minute: it runs once per test run (the newest lmdeploy's leg), shared with the
 README sample's check (tests/default_demo.py)."""
@@ -78,8 +78,8 @@ def test_the_bridges_applied_are_listed(demo):
 def test_the_output_says_what_happened_and_nothing_of_lmdeploys_chatter(demo):
     header = demo.output.splitlines()[0]
     assert header.startswith(f"vendor_graph 0.1.0 demo: lmdeploy {compat.installed_lmdeploy_version()}'s "
-                             f"pipeline() on the simulated Ascend NPU, torch_npu 2.9.0.post9 (G5), dlinfer source "
-                             f"checkout "), header
+                             f"pipeline(device_type='ascend') on the simulated Ascend NPU, torch_npu 2.9.0.post9 "
+                             f"(G5), dlinfer source checkout "), header
     for text in ("Greedy tokens of every request equal, graph mode vs eager: yes (8 requests, 148 tokens eager, "
                  "148 graph)",
                  "Runner lmdeploy built: vendor_graph.vendors.ascend.runner.AscendGraphRunner (vendor_graph's)",
@@ -102,34 +102,54 @@ def test_without_a_dlinfer_the_demo_says_how_to_provide_one():
     proc = _cli(env=_env())  # the suite's stand-in dlinfer stays on PYTHONPATH: the demo must not take it
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("vendor-graph demo: error: the engine demo runs lmdeploy's Ascend backend over "
+    assert proc.stderr.startswith("vendor-graph demo: error: the engine demo runs lmdeploy's dlinfer backend over "
                                   "the real dlinfer")
     assert "VENDOR_GRAPH_DLINFER_SRC" in proc.stderr and "vendor-graph demo --model tiny" in proc.stderr
 
 
-def test_beside_a_real_torch_npu_the_engine_demo_says_what_to_run_instead(tmp_path):
-    """The simulated torch_npu never runs beside a real one, so lmdeploy's engine cannot be served on it here."""
-    (tmp_path / "torch_npu").mkdir()
-    (tmp_path / "torch_npu" / "__init__.py").write_text("raise ImportError('the real torch_npu was imported')\n")
+@pytest.mark.parametrize(("vendor", "runtime", "device"), [
+    ("ascend", "torch_npu", "the simulated Ascend NPU"), ("camb", "torch_mlu", "the simulated Cambricon MLU"),
+    ("maca", "mcoplib", "the simulated MetaX MACA device")])
+def test_beside_a_real_runtime_the_engine_demo_says_what_to_run_instead(tmp_path, vendor, runtime, device):
+    """The simulated device never runs beside the vendor's real runtime, so lmdeploy's engine cannot be served on it
+    here."""
+    (tmp_path / runtime).mkdir()
+    (tmp_path / runtime / "__init__.py").write_text(f"raise ImportError('the real {runtime} was imported')\n")
     env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               VENDOR_GRAPH_DLINFER_SRC=str(tmp_path / "unread"))  # refused if read: the torch_npu check comes first
-    proc = _cli(env=env)
+               VENDOR_GRAPH_DLINFER_SRC=str(tmp_path / "unread"))  # refused if read: the runtime check comes first
+    proc = _cli("--vendor", vendor, env=env)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-    assert proc.stderr == (f"vendor-graph demo: error: a real torch_npu is installed ({tmp_path}/torch_npu/"
-                           "__init__.py): the engine demo serves lmdeploy on the simulated torch_npu, which never runs "
-                           "beside a real one; on this machine run lmdeploy itself after import vendor_graph.ascend, "
-                           "or vendor-graph demo --model tiny\n")
+    assert proc.stderr == (f"vendor-graph demo: error: a real {runtime} is installed ({tmp_path}/{runtime}/"
+                           f"__init__.py): the engine demo serves lmdeploy on {device}, which never runs beside a real "
+                           f"one; on this machine run lmdeploy itself after import vendor_graph.{vendor}, or "
+                           f"vendor-graph demo --model tiny\n")
 
 
-def test_camb_runs_the_tiny_decoder_and_says_why():
-    proc = _cli("--vendor", "camb", "--steps", "4", "--seqs", "3", env=_env())
+def test_camb_with_model_tiny_runs_the_tiny_decoder():
+    proc = _cli("--vendor", "camb", "--model", "tiny", "--steps", "4", "--seqs", "3", env=_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == ("vendor camb: the simulator has no Cambricon device for lmdeploy's engine (no simulated "
-                        "torch_mlu; dlinfer's camb code needs Cambricon's runtime): the tiny decoder's demo "
-                        "(--model tiny) runs instead")
-    assert lines[1].startswith("vendor_graph 0.1.0 demo: vendor camb on the CPU graph simulator")
+    assert proc.stdout.splitlines()[0].startswith("vendor_graph 0.1.0 demo: vendor camb on the CPU graph simulator")
     assert "Parity with eager over 4 steps" in proc.stdout and ": PASS" in proc.stdout
+
+
+@pytest.mark.parametrize("vendor", ["camb", "maca"])
+def test_camb_and_maca_demos_serve_lmdeploys_pipeline_on_their_simulated_device(tmp_path, vendor):
+    """`vendor-graph demo --vendor camb|maca`: lmdeploy's pipeline with device_type camb / maca, graph mode against
+    eager, on lmdeploy's CUDA runner adopted by vendor_graph (about 10 s each)."""
+    why = default_demo.dlinfer_missing()
+    if why:
+        pytest.skip(why)
+    path = tmp_path / "demo.json"
+    proc = _cli("--vendor", vendor, "--json", str(path),
+                env=_env(VENDOR_GRAPH_DLINFER_SRC=str(default_demo.dlinfer_source()), OMP_NUM_THREADS="1",
+                         PYTHONPATH=""))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(path.read_text())
+    assert record["vendor"] == vendor and record["engine"] is True and record["tokens_equal"] is True
+    assert record["runner"] == "vendor_graph.runtime.adopted.VendorGraphCUDAGraphRunner"
+    assert record["graph_replays"] > 0 and record["graph_replays"] + record["captures"] == record["steps"]
+    assert record["generation"] is None and record["torch_npu"] is None
+    assert f"pipeline(device_type='{vendor}')" in proc.stdout and "seq-len update: none needed" in proc.stdout
 
 
 def test_model_tiny_is_the_tiny_decoders_demo_unchanged(tmp_path):

@@ -23,6 +23,7 @@ from vendor_graph.upstream import compat
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = compat.series(compat.installed_lmdeploy_version())
 PARITY = "tests/conformance/test_decode_parity.py"
+ENGINE = "tests/realstack/test_engine.py::test_engine_serves_camb_and_maca_the_same_tokens_in_graph_mode_as_eager"
 SCHEDULE = "tests/conformance/test_random_schedules.py::test_random_schedule"
 ASCEND_PARITY = f"{PARITY}::test_ascend_graph_matches_eager_and_refreshes_seqlens"
 ASCEND_SHRINKING = f"{PARITY}::test_ascend_batches_shrinking_within_their_bucket_match_eager"
@@ -158,6 +159,23 @@ MUTATIONS = (
         "        return meta.output_buffers",
         ("tests/conformance/test_decode_parity.py::test_camb_maca_on_lmdeploys_cuda_runner_match_eager[camb]",),
         needs="camb"),
+    # Issue 36: the Camb/MACA failures put back, each caught inside lmdeploy's engine (pipeline, graph vs eager).
+    Mutation(
+        "engine: Camb max_kv_seq_len left at the value frozen at capture", "vendors/cuda_style.py",
+        'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',
+        'constants={api.max_q_attr: _derive_from_tensor},',
+        (f"{ENGINE}[camb]",), needs="camb"),
+    Mutation(
+        "engine: MACA padding tail of an earlier larger batch (kv_start_indices among it) not reset",
+        "buffers/fill.py",
+        "                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))\n",
+        "                pass\n",
+        (f"{ENGINE}[maca]",), needs="maca"),
+    Mutation(
+        "engine: dlinfer's cudagraph patch left in force over vendor_graph's buffer methods", "install/patching.py",
+        "            setattr(patch.owner, patch.name, patch.ours)",
+        "            pass",
+        (f"{ENGINE}[camb]",), needs="camb"),
 )
 
 

@@ -23,10 +23,16 @@ import time
 import warnings
 
 import pytest
-from engine_checks import FULL, GENERATIONS, OURS, RELEASE
+from engine_checks import FULL, GENERATIONS, RELEASE, RUNNERS
 from vendor_graph_sim import engine, serve
 
+from vendor_graph.upstream import compat
+
 SERVER_RELEASES = ("0.16", "0.18")  # the last release and the oldest (0.17's server is 0.18's): CI time
+# Camb and MACA serve on the last release only: the server around the engine is the same code for every vendor, and
+# their engines run on every release in test_engine.py
+SERVER_VENDORS = ["ascend"] + [v for v in ("camb", "maca") if RELEASE == SERVER_RELEASES[-1]
+                               and RELEASE in compat.SUPPORTED_SERIES[v]]
 # What lmdeploy 0.16 and 0.18's server answer (observed, the same in both): a model it does not serve is a 404,
 # the rest 400, each with an error body.
 BAD_REQUEST_STATUS = {"unknown model": 404, "max_tokens 0": 400, "max_tokens negative": 400,
@@ -37,10 +43,10 @@ def on_full(test):
     return pytest.mark.skipif(FULL not in GENERATIONS, reason=f"runs in the part of this leg that runs {FULL}")(test)
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory, dlinfer_available):
-    """The graph-mode and the eager server, each started, sent the workload and stopped (the graph one also the
-    bad requests)."""
+@pytest.fixture(scope="module", params=SERVER_VENDORS)
+def pair(request, tmp_path_factory, dlinfer_available):
+    """The graph-mode and the eager server of each vendor (``--device``, ``vendor-graph run --vendor`` and the
+    simulator switch), each started, sent the workload and stopped (the graph one also the bad requests)."""
     for module in ("openai", "requests", "fastapi", "uvicorn", "partial_json_parser"):
         if importlib.util.find_spec(module) is None:
             pytest.fail(f"{module} is not installed: lmdeploy's server and its client come with "
@@ -49,7 +55,9 @@ def pair(tmp_path_factory, dlinfer_available):
     env = {k: v for k, v in os.environ.items() if k not in ("VENDOR_GRAPH_VENDOR", "PYTHONPATH")}
     env["OMP_NUM_THREADS"] = "1"
     workdir = tmp_path_factory.mktemp("serve")  # the servers' logs and stats files, and the record (pair.json)
-    pair = serve.compare(workdir=workdir, generation=FULL, probes=True, environ=env)
+    vendor = request.param
+    pair = serve.compare(workdir=workdir, generation=FULL if vendor == "ascend" else vendor, probes=True,
+                         environ=env)
     (workdir / "pair.json").write_text(json.dumps(dataclasses.asdict(pair), indent=1))
     for run in (pair.graph, pair.eager):
         for why in run.restarts:  # lmdeploy's start-up race (serve.STARTUP_RACE) or a port taken: shown, not failed
@@ -79,7 +87,8 @@ def test_api_server_engine_serves_from_graphs_and_its_stats_file_is_complete_aft
     assert pair.graph.stats_problem is None and pair.eager.stats_problem is None, (pair.graph.stats_problem,
                                                                                     pair.eager.stats_problem)
     assert graph["reason"] == "exit" and eager["reason"] == "exit"  # written by the engine process as it exited
-    assert graph["runner"] == OURS and graph["max_batches"] == serve.MAX_BATCH_SIZE
+    assert graph["runner"] == RUNNERS[serve.vendor_of(pair.graph.generation)]
+    assert graph["max_batches"] == serve.MAX_BATCH_SIZE
     assert graph["captures"] > 0 and graph["replays"] > 0, graph
     # every decode step, warm-up's included, captured or replayed a graph; the only eager steps are prefills
     assert sum(graph["batch_histogram"].values()) == graph["captures"] + graph["replays"]

@@ -45,9 +45,9 @@ CASES = [
         "lmdeploy-mla,"]),
     (["demo", "--model", "tiny", "--requests", "3"], ["--requests sets the engine demo's workload; the tiny "
                                                       "decoder's demo (--model tiny) takes --steps and --seqs"]),
-    (["demo", "--vendor", "maca", "--model", "lmdeploy-llama"], [
-        "--model lmdeploy-llama runs lmdeploy's engine on the simulated Ascend NPU; the simulator has no maca device "
-        "for it: use --vendor ascend, or --model tiny for maca"]),
+    (["demo", "--vendor", "maca", "--model", "tiny", "--serve"], [
+        "--serve runs lmdeploy's OpenAI server on the simulated MetaX MACA device: use --model lmdeploy-llama or "
+        "lmdeploy-mla (the tiny decoder has no server)"]),
     (["demo", "--generation", "G0"], ["torch_npu 2.4.0.post2 (G0) has no NPUGraph API", "give --generation G1 or "
                                       "later (--model tiny runs G0)"]),
     (["plan", "--max-batches", "0"], ["vendor-graph plan: error: argument --max-batches: 0: lmdeploy's "

@@ -112,6 +112,7 @@ class CallForm:
     where: str
     positional: int
     keywords: tuple[str, ...]
+    function: str | None = None  # the function whose body makes the call (the innermost), None at module level
 
     def fits(self, signature: inspect.Signature) -> bool:
         try:
@@ -135,6 +136,10 @@ def call_forms(source_of: Any, attribute: str, receivers: Collection[str] | None
     except (OSError, TypeError, SyntaxError):
         return None
     module = getattr(source_of, "__module__", None) or getattr(source_of, "__name__", "?")
+    enclosing: dict[int, str] = {}
+    for function in ast.walk(tree):  # outer functions first, so an inner one's name wins for its own body
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            enclosing.update((id(inner), function.name) for inner in ast.walk(function) if inner is not function)
     forms = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attribute):
@@ -145,7 +150,8 @@ def call_forms(source_of: Any, attribute: str, receivers: Collection[str] | None
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             continue
         line = node.lineno + max(start - 1, 0)
-        forms.append(CallForm(f"{module}:{line}", len(node.args), tuple(k.arg for k in node.keywords)))
+        forms.append(CallForm(f"{module}:{line}", len(node.args), tuple(k.arg for k in node.keywords),
+                              enclosing.get(id(node))))
     return forms
 
 
@@ -310,6 +316,22 @@ def _cumulative(lengths: Any) -> Any:
     return torch.cat((lengths.new_zeros(1), torch.cumsum(lengths, 0).to(lengths.dtype)))
 
 
+def _with_zero(ends: Any) -> Any:
+    """Cumulative ends with the leading zero (``[3, 8, 10]`` -> ``[0, 3, 8, 10]``): each sequence's start, and the
+    total."""
+    import torch
+
+    return torch.cat((ends.new_zeros(1), ends))
+
+
+def _on_device(host: Any, device: Any, dtype: str) -> Any:
+    """``host`` (a host tensor) as ``dtype`` on ``device``: a host-to-device copy, queued without waiting for work
+    already on the device (``non_blocking``); nothing is read back from the device."""
+    import torch
+
+    return host.to(device=device, dtype=getattr(torch, dtype), non_blocking=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _parameters(op: Callable[..., Any]) -> frozenset[str] | None:
     signature = _signature(op)
@@ -327,7 +349,7 @@ def _call(op: Callable[..., Any], **values: Any) -> Any:
 def adapt_prefill(op, query, key, value, key_cache, value_cache, q_seqlens, kv_seqlens, max_q_seq_len, num_q_heads,
                   num_kv_heads, attn_mask, *, softmax_scale=_UNSET, alibi_slopes=_UNSET, attn_output=_UNSET,
                   actual_seq_lengths_cpu):
-    """lmdeploy 0.18's ``prefill_attention`` call (prefill without cache) made to dlinfer main's ``op``.
+    """lmdeploy 0.18's ``prefill_attention`` call (prefill without cache) made to dlinfer main's ``op``, Ascend.
 
     lmdeploy 0.16's Ascend backend passed per-sequence host lengths here, the same tensor for queries and keys
     (without a cache each sequence attends to its own tokens); 0.18 passes the cumulative host ends instead
@@ -345,7 +367,7 @@ def adapt_paged_prefill(op, query, key, value, key_cache, value_cache, block_tab
                         max_q_seq_len, max_kv_seq_len, num_q_heads, num_kv_heads, attn_mask, *, head_size_v=_UNSET,
                         softmax_scale=_UNSET, alibi_slopes=_UNSET, attn_output=_UNSET, kv_scales=_UNSET,
                         kv_zeros=_UNSET, quant_bits=_UNSET):
-    """lmdeploy 0.18's ``paged_prefill_attention`` call (prefill over a cache) made to dlinfer main's ``op``.
+    """lmdeploy 0.18's ``paged_prefill_attention`` call (prefill over a cache) made to dlinfer main's ``op``, Ascend.
 
     0.18 passes the cumulative host query ends and per-sequence host KV lengths where dlinfer takes ``q_seq_len``
     and ``kv_seq_len``: the values lmdeploy 0.16's Ascend backend passed there (its ``q_seqlens`` cumulated for
@@ -361,6 +383,81 @@ def adapt_paged_prefill(op, query, key, value, key_cache, value_cache, block_tab
                  kv_scales=kv_scales, kv_zeros=kv_zeros, quant_bits=quant_bits)
 
 
+@dataclass(frozen=True)
+class PrefillLengths:
+    """How lmdeploy 0.16/0.17's backend for one dlinfer vendor handed dlinfer's prefill ops their lengths
+    (``docs/upstream.md``, Bridges): host tensors (Ascend), or the device tensors its ``update_step_context``
+    built (Camb, MACA): cumulative query starts ``cu_seqlens`` (int32, batch + 1 entries) as ``q_start_loc``,
+    per-sequence query lengths in ``q_seqlens_dtype``, int32 KV lengths, and for paged prefill the int32
+    cumulative KV lengths (``cu_seq_lens_kv`` True) or None as ``cu_seq_lens_kv``."""
+
+    vendor: str
+    on_device: bool
+    q_seqlens_dtype: str = "int32"
+    cu_seq_lens_kv: bool = False
+
+
+PREFILL_LENGTHS: dict[str, PrefillLengths] = {
+    "ascend": PrefillLengths("ascend", on_device=False),
+    # Camb passes StepContext.q_seqlens unconverted (lmdeploy's LongTensor) and builds cu_seq_lens_kv
+    "camb": PrefillLengths("camb", on_device=True, q_seqlens_dtype="int64", cu_seq_lens_kv=True),
+    # MACA converts q_seqlens with .int() and never sets cu_seq_lens_kv
+    "maca": PrefillLengths("maca", on_device=True, q_seqlens_dtype="int32", cu_seq_lens_kv=False),
+}
+# the dlinfer vendors whose lmdeploy 0.16 prefill calls the bridge reproduces
+PREFILL_VENDORS: tuple[str, ...] = tuple(PREFILL_LENGTHS)
+
+# lmdeploy 0.18's kernel functions calling prefill_attention, and what their 0.16 form passed as q_start_loc: the
+# paged kernel the attention metadata's (Camb's and MACA's cumulative cu_seqlens, batch + 1 entries: a causal
+# prefill for their kernels), flash_attention_fwd its caller's per-sequence starts (batch entries, which dlinfer's
+# Camb and MACA kernels run as non-causal: the vision towers'); 0.18 passes their sum with q_seqlens instead.
+Q_START_LOC: dict[str, str] = {"prefill_attention": "cumulative", "flash_attention_fwd": "starts"}
+
+
+def adapt_prefill_on_device(op, query, key, value, key_cache, value_cache, q_seqlens, kv_seqlens, max_q_seq_len,
+                            num_q_heads, num_kv_heads, attn_mask, *, softmax_scale=_UNSET, alibi_slopes=_UNSET,
+                            attn_output=_UNSET, actual_seq_lengths_cpu, q_start="cumulative"):
+    """lmdeploy 0.18's ``prefill_attention`` call made to dlinfer's ``op`` as lmdeploy 0.16's Camb and MACA
+    backends made it: ``q_seqlens`` and ``kv_seqlens`` (the device tensors 0.16 passed) go on as they are, and
+    ``q_start_loc`` is rebuilt on the device from the host ends ``actual_seq_lengths_cpu``: the cumulative
+    starts (int32, a leading zero) for the paged kernel (``q_start="cumulative"``), or for the flash kernel
+    (``"starts"``), whose ends are ``q_start_loc + q_seqlens``, those ends less ``q_seqlens``."""
+    ends = _host(actual_seq_lengths_cpu)
+    if q_start == "starts":
+        q_start_loc = ends.to(q_seqlens.device, non_blocking=True) - q_seqlens
+    else:
+        q_start_loc = _on_device(_with_zero(ends), query.device, "int32")
+    return _call(op, query=query, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                 q_start_loc=q_start_loc, q_seq_len=q_seqlens, kv_seq_len=kv_seqlens, max_q_seq_len=max_q_seq_len,
+                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, attn_mask=attn_mask,
+                 softmax_scale=softmax_scale, alibi_slopes=alibi_slopes, attn_output=attn_output)
+
+
+def adapt_paged_prefill_on_device(op, query, key, value, key_cache, value_cache, block_table, block_size, q_seq_len,
+                                  kv_seq_len, max_q_seq_len, max_kv_seq_len, num_q_heads, num_kv_heads, attn_mask, *,
+                                  head_size_v=_UNSET, softmax_scale=_UNSET, alibi_slopes=_UNSET, attn_output=_UNSET,
+                                  kv_scales=_UNSET, kv_zeros=_UNSET, quant_bits=_UNSET, lengths):
+    """lmdeploy 0.18's ``paged_prefill_attention`` call made to dlinfer's ``op`` as lmdeploy 0.16's Camb and
+    MACA backends made it. 0.18 passes only host lengths here (cumulative query ends, per-sequence KV lengths:
+    host copies of the device tensors those backends built); each device tensor 0.16 passed is rebuilt from
+    them on the query's device, in 0.16's dtype (``lengths``): ``q_start_loc`` the cumulative starts,
+    ``q_seq_len`` the per-sequence query lengths, ``kv_seq_len``, and ``cu_seq_lens_kv`` the cumulative KV
+    lengths (Camb) or None (MACA)."""
+    ends, kv_lengths = _host(q_seq_len), _host(kv_seq_len)
+    device = query.device
+    q_start_loc = _on_device(_with_zero(ends), device, "int32")
+    cu_kv = _on_device(_cumulative(kv_lengths), device, "int32") if lengths.cu_seq_lens_kv else None
+    return _call(op, query=query, key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                 block_table=block_table, block_size=block_size, q_start_loc=q_start_loc,
+                 q_seq_len=_on_device(_per_sequence(ends), device, lengths.q_seqlens_dtype),
+                 kv_seq_len=_on_device(kv_lengths, device, "int32"), cu_seq_lens_kv=cu_kv,
+                 max_q_seq_len=max_q_seq_len, max_kv_seq_len=max_kv_seq_len, num_q_heads=num_q_heads,
+                 num_kv_heads=num_kv_heads, attn_mask=attn_mask, head_size_v=head_size_v,
+                 softmax_scale=softmax_scale, alibi_slopes=alibi_slopes, attn_output=attn_output,
+                 kv_scales=kv_scales, kv_zeros=kv_zeros, quant_bits=quant_bits)
+
+
+# the call form each op is adapted from (lmdeploy 0.18's), and its Ascend adapter
 ADAPTERS: dict[str, Callable[..., Any]] = {"prefill_attention": adapt_prefill,
                                             "paged_prefill_attention": adapt_paged_prefill}
 _PREFILL_SUPPLIES = {
@@ -378,29 +475,42 @@ def _adapted_form(adapter: Callable[..., Any]) -> inspect.Signature:
     return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
-def bridged_op(ops: types.ModuleType, name: str) -> Callable[..., Any]:
-    """``ops.<name>`` (looked up at each call) taking lmdeploy 0.18's call form."""
-    adapter = ADAPTERS[name]
+def vendor_adapter(name: str, lengths: PrefillLengths, q_start: str = "cumulative") -> Callable[..., Any]:
+    """The adapter of op ``name`` for the vendor of ``lengths`` (``q_start``: :data:`Q_START_LOC`'s form of the
+    calling kernel, for ``prefill_attention`` on Camb and MACA)."""
+    if not lengths.on_device:
+        return ADAPTERS[name]
+    if name == "prefill_attention":
+        return functools.partial(adapt_prefill_on_device, q_start=q_start)
+    return functools.partial(adapt_paged_prefill_on_device, lengths=lengths)
+
+
+def bridged_op(ops: types.ModuleType, name: str, adapter: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``ops.<name>`` (looked up at each call) taking lmdeploy 0.18's call form, through ``adapter`` (default the
+    Ascend one, :data:`ADAPTERS`)."""
+    adapter = adapter or ADAPTERS[name]
 
     def call(*args, **kwargs):
         return adapter(getattr(ops, name), *args, **kwargs)
 
     call.__name__ = name
     call.__qualname__ = f"{PREFILL_ATTENTION.name} bridge over {ops.__name__}.{name}"
-    call.__doc__ = adapter.__doc__
-    call.__signature__ = _adapted_form(adapter)
+    call.__doc__ = getattr(adapter, "func", adapter).__doc__
+    call.__signature__ = _adapted_form(ADAPTERS[name])
     return call
 
 
 class OpsView(types.ModuleType):
-    """``dlinfer.ops`` as one lmdeploy kernel module sees it: the bridged ops adapted, every other name dlinfer's
-    own (looked up at each use, so later changes to ``dlinfer.ops`` are seen)."""
+    """``dlinfer.ops`` as one lmdeploy kernel module sees it: the bridged ops adapted (``bridged``: their names,
+    for the Ascend adapters, or each name with its adapter), every other name dlinfer's own (looked up at each
+    use, so later changes to ``dlinfer.ops`` are seen)."""
 
-    def __init__(self, ops: types.ModuleType, bridged: Collection[str]):
+    def __init__(self, ops: types.ModuleType, bridged: Collection[str] | dict[str, Callable[..., Any]]):
         super().__init__(ops.__name__, ops.__doc__)
         self.__dict__["__vendor_graph_ops__"] = ops
-        for name in bridged:
-            self.__dict__[name] = bridged_op(ops, name)
+        adapters = bridged if isinstance(bridged, dict) else dict.fromkeys(bridged)
+        for name, adapter in adapters.items():
+            self.__dict__[name] = bridged_op(ops, name, adapter)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["__vendor_graph_ops__"], name)
@@ -410,15 +520,28 @@ class OpsView(types.ModuleType):
         return f"<{self.__name__} with {', '.join(bridged)} bridged by vendor_graph>"
 
 
-# dlinfer vendors whose prefill kernels read the host lengths lmdeploy 0.18 passes (lmdeploy 0.16's Ascend backend
-# passed host lengths too; its Camb and MACA backends passed device lengths, in other forms).
-HOST_LENGTH_VENDORS = ("ascend",)
-
-
 def dlinfer_vendor() -> str | None:
     """The vendor the imported dlinfer was built for (its ``vendor.yaml``), or None."""
     vendor = getattr(sys.modules.get("dlinfer.vendor"), "vendor_name", None)
     return vendor() if callable(vendor) else vendor
+
+
+def _q_start(module: Any, name: str, forms: list[CallForm], vendor: str) -> str | None:
+    """The q_start_loc form (:data:`Q_START_LOC`) of ``module``'s calls ``forms`` to op ``name`` on a device-length
+    vendor; None (with a warning) where a call is made from a kernel function whose 0.16 form the bridge does not
+    know, or calls from different forms share the module (one view serves the whole module)."""
+    if name != "prefill_attention":
+        return "cumulative"  # only the paged kernel calls paged_prefill_attention: the attention metadata's
+    found = {f.function: Q_START_LOC.get(f.function) for f in forms}
+    kinds = set(found.values())
+    if None not in kinds and len(kinds) == 1:
+        return kinds.pop()
+    logger.warning(
+        "vendor_graph: lmdeploy's calls to %s.%s in %s (from %s) do not fit dlinfer's signature, and bridge %s does "
+        "not know which q_start_loc lmdeploy 0.16 passed dlinfer's %s kernels there (it knows the calls from %s, "
+        "one form per module): they will raise TypeError", DLINFER_OPS, name, module.__name__,
+        ", ".join(map(str, found)), PREFILL_ATTENTION.name, vendor, ", ".join(Q_START_LOC))
+    return None
 
 
 def _check_kernels(activation: patching.Activation, module: Any) -> None:
@@ -428,7 +551,7 @@ def _check_kernels(activation: patching.Activation, module: Any) -> None:
     for alias in [k for k, v in vars(module).items() if v is ops]:
         if _bridged(activation, module, alias):
             continue
-        bridged = []
+        bridged: dict[str, list[CallForm]] = {}
         for name, adapter in ADAPTERS.items():
             forms = call_forms(module, name, receivers=(alias,))
             if forms == []:
@@ -436,17 +559,26 @@ def _check_kernels(activation: patching.Activation, module: Any) -> None:
             callee = getattr(ops, name, None)
             if callee is not None and _needed(PREFILL_ATTENTION, f"{DLINFER_OPS}.{name}", forms, _signature(callee),
                                               _adapted_form(adapter), _PREFILL_SUPPLIES[name]):
-                bridged.append(name)
+                bridged[name] = forms
+        if not bridged:
+            continue
         vendor = dlinfer_vendor()
-        if bridged and vendor not in HOST_LENGTH_VENDORS:
+        lengths = PREFILL_LENGTHS.get(vendor)
+        if lengths is None:
             logger.warning(
-                "vendor_graph: lmdeploy's calls to %s.%s in %s do not fit dlinfer's signatures; bridge %s adapts them "
-                "only for %s, whose kernels read the host lengths lmdeploy 0.18 passes, and dlinfer's vendor here is "
-                "%s (lmdeploy 0.16's %s backend gave its kernels device lengths): they will raise TypeError",
+                "vendor_graph: lmdeploy's calls to %s.%s in %s do not fit dlinfer's signatures; bridge %s adapts "
+                "them only for %s, whose kernels it hands what lmdeploy 0.16's backend for each passed, and "
+                "dlinfer's vendor here is %s: they will raise TypeError",
                 DLINFER_OPS, " / ".join(bridged), module.__name__, PREFILL_ATTENTION.name,
-                ", ".join(HOST_LENGTH_VENDORS), vendor, vendor)
-        elif bridged:
-            patch = patching.Patch(module, alias, OpsView(ops, bridged), owner_is_module=True)
+                ", ".join(PREFILL_VENDORS), vendor)
+            continue
+        adapters = {}
+        for name, forms in bridged.items():
+            q_start = _q_start(module, name, forms, vendor) if lengths.on_device else "cumulative"
+            if q_start is not None:
+                adapters[name] = vendor_adapter(name, lengths, q_start)
+        if adapters:
+            patch = patching.Patch(module, alias, OpsView(ops, adapters), owner_is_module=True)
             _apply(activation, PREFILL_ATTENTION, patch)
 
 
@@ -457,6 +589,8 @@ def _watch_prefill(activation: patching.Activation) -> None:
         patching.when_imported(name, check)
 
 
-__all__ = ["ADAPTERS", "BRIDGES", "BRIDGES_ENV", "HOST_LENGTH_VENDORS", "NAMES", "PREFILL_ATTENTION", "STATE_CACHE",
-           "Applied", "Bridge", "CallForm", "OpsView", "StateSpecsNotSupported", "adapt_paged_prefill", "adapt_prefill",
-           "allowed", "applied", "bridged_op", "call_forms", "dlinfer_vendor", "install", "state_cache_allocate"]
+__all__ = ["ADAPTERS", "BRIDGES", "BRIDGES_ENV", "NAMES", "PREFILL_ATTENTION", "PREFILL_LENGTHS", "PREFILL_VENDORS",
+           "Q_START_LOC", "STATE_CACHE", "Applied", "Bridge", "CallForm", "OpsView", "PrefillLengths",
+           "StateSpecsNotSupported", "adapt_paged_prefill", "adapt_paged_prefill_on_device", "adapt_prefill",
+           "adapt_prefill_on_device", "allowed", "applied", "bridged_op", "call_forms", "dlinfer_vendor", "install",
+           "state_cache_allocate", "vendor_adapter"]

@@ -31,6 +31,8 @@ RUNTIMES = {  # vendor -> (distribution or module that is its device runtime, wh
     "camb": ("torch_mlu", "torch_mlu (Cambricon)"),
     "maca": ("dlinfer.vendor.maca", "dlinfer MACA vendor package (MetaX)"),
 }
+# the simulator switch's values that name a vendor's simulated device (the others name a torch_npu)
+SIMULATED_BY_NAME = ("camb", "maca")
 
 
 def _version(*dists: str) -> str | None:
@@ -108,11 +110,14 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
 
     sim_reading = next((r for r in readings if r.name == settings.SIM_SWITCH), None)
     simulated = sim_reading.value if sim_reading is not None and sim_reading.problem is None else None
+    # the vendor whose device the simulator switch stands in for: camb / maca by name, else a torch_npu (Ascend)
+    sim_vendor = (simulated if simulated in SIMULATED_BY_NAME else "ascend") if simulated else None
+    npu_simulated = simulated if sim_vendor == "ascend" else None
 
     lines.append("\nVendor runtimes")
     present = []
     for name, (module, what) in RUNTIMES.items():
-        if name == "ascend" and simulated:
+        if name == sim_vendor:
             add(f"{name:<7} {what}: simulated by vendor-graph-sim ({settings.SIM_SWITCH}={simulated}): a CPU "
                 f"emulation, no device")
             continue
@@ -137,15 +142,15 @@ def report(vendor: str | None = None) -> tuple[list[str], int]:
     torch_version = _version("torch")
     add(f"torch {torch_version or 'not installed'}", problem=torch_version is None)
     npu_version = _version("torch_npu", "torch-npu")
-    if simulated:
-        add(f"torch_npu simulated ({settings.SIM_SWITCH}={simulated})")
-        lines.extend(_torch_npu_lines(simulated))
+    if npu_simulated:
+        add(f"torch_npu simulated ({settings.SIM_SWITCH}={npu_simulated})")
+        lines.extend(_torch_npu_lines(npu_simulated))
     elif npu_version is None:
         add("torch_npu not installed (Ascend only; `vendor-graph paths` lists every release's seq-len paths)")
     else:
         add(f"torch_npu {npu_version}")
         lines.extend(_torch_npu_lines(npu_version))
-    refused = _dlinfer_refusal(here, torch_version, simulated or npu_version)
+    refused = _dlinfer_refusal(here, torch_version, npu_simulated or npu_version)
     if refused:
         add(f"{refused}: `import dlinfer` raises RuntimeError here; install a torch_npu it admits (above) or a "
             f"dlinfer from before PR #350", problem=True)

@@ -72,6 +72,7 @@ class AdoptedRunner(GraphBackend):
         return StepView(None, batch, key, compat.cuda_runner_graphs(self).get(lmdeploy_key))
 
     def forward_skipped(self, reason: str, kwargs: dict[str, Any]) -> Any:
+        self.policy.stats.eager(reason)  # counted as the Ascend runner counts it: the stats read the same per vendor
         return super().__call__(**kwargs)  # lmdeploy's eager (0.18: or piecewise) path
 
     def capture_sizes(self) -> list[int]:

@@ -68,9 +68,11 @@ BREAKAGES: tuple[Breakage, ...] = (
         "lmdeploy 0.18's dlinfer prefill kernel calls `dlinfer.ops.prefill_attention(..., "
         "actual_seq_lengths_cpu=...)`, and `dlinfer.ops.paged_prefill_attention` with two length arguments "
         "fewer, which no dlinfer takes (PR #350 did not change that): every prefill raises TypeError; decode works",
-        bridge="prefill-attention", bridged_on=("ascend",),
-        does="vendor_graph's `prefill-attention` bridge hands dlinfer's ops the host lengths lmdeploy 0.16 "
-                "passed (`VENDOR_GRAPH_BRIDGES`); Camb and MACA remain broken"),
+        bridge="prefill-attention", bridged_on=VENDORS,
+        does="vendor_graph's `prefill-attention` bridge hands dlinfer's ops what lmdeploy 0.16's backend for the "
+             "vendor passed (`VENDOR_GRAPH_BRIDGES`): Ascend's host lengths; Camb's and MACA's device tensors "
+             "(`q_start_loc` their cumulative `cu_seqlens`, Camb's `cu_seq_lens_kv`), rebuilt on the device from "
+             "the lengths 0.18 passes"),
     Breakage(
         "state-cache", ("ascend",), "0.16", "0.17", (A50184E_ERA, POST_350),
         "dlinfer's GitHub main replaces `StateCacheEngine.allocate_caches` with a three-argument version, and "
@@ -98,6 +100,19 @@ BREAKAGES: tuple[Breakage, ...] = (
         "no-distribution", ("camb", "maca"), "0.16", None, (PYPI_027, A50184E_ERA, POST_350),
         "no dlinfer-camb or dlinfer-maca distribution exists: build dlinfer from source "
         "(`DEVICE=camb` / `DEVICE=maca`)", blocks=False),
+    Breakage(
+        "camb-mla-decode", ("camb",), "0.16", None, (A50184E_ERA, POST_350),
+        "dlinfer's camb `paged_decode_attention` views its output buffer with the query's head size, which an MLA "
+        "model's value head size is not (DeepSeek-V2/V3): the first decode of such a model raises RuntimeError, "
+        "eager mode too; other models run", blocks=False,
+        does="nothing to bridge: the view is inside dlinfer's kernel wrapper"),
+    Breakage(
+        "maca-mla-prefill", ("maca",), "0.16", None, (A50184E_ERA, POST_350),
+        "dlinfer's maca MLA prefill views the packed tokens as (batch, seq, heads, dim), so a prefill batch of "
+        "prompts of different lengths raises RuntimeError, and its MLA `paged_prefill_attention` permutes a "
+        "five-dimensional key cache where lmdeploy's MACA cache has four (prefix caching raises); eager mode too; "
+        "other models run", blocks=False,
+        does="nothing to bridge: inside dlinfer's kernel wrapper"),
 )
 
 
