@@ -16,10 +16,11 @@ when it checks its environment). From then on, for the rest of the process:
 ``VENDOR_GRAPH_SIM=camb`` and ``VENDOR_GRAPH_SIM=maca`` are the two other vendors' devices
 (:mod:`vendor_graph_sim.device._cuda_style` holds their facts): for ``camb``, ``torch_mlu`` is the simulated
 package (its GPU migration maps ``cuda`` onto the ``mlu`` device when imported, as dlinfer's camb package does) and
-``torch_mlu_ops`` a labelled stand-in; for ``maca`` the simulated device comes up with dlinfer's first import (a
-MACA torch's ``cuda`` is its device, so ``cuda`` is mapped from then on), and ``flash_attn``, ``mcoplib`` and
-dlinfer's Triton modules are labelled stand-ins where the real ones are not installed. dlinfer is laid out for the
-vendor (``vendor.yaml``, without the other vendors' packages, as ``DEVICE=<vendor>`` builds it).
+``torch_mlu_ops`` a labelled stand-in; for ``maca`` the simulated device comes up when torch is imported (where
+torch came before the switch, with dlinfer's first import): a MACA torch's ``cuda`` is its device, so ``cuda`` is
+mapped from then on; ``flash_attn``, ``mcoplib`` and dlinfer's Triton modules are labelled stand-ins where the real
+ones are not installed. dlinfer is laid out for the vendor (``vendor.yaml``, without the other vendors' packages, as
+``DEVICE=<vendor>`` builds it).
 
 A process started from such an interpreter inherits the variable, so lmdeploy's workers, the server and
 whatever ``vendor-graph run`` starts see the same NPU. Unset, this module is never imported. A value that
@@ -260,6 +261,24 @@ class _SimulatedNpuLoader(importlib.abc.Loader):
         module.__spec__ = self.finder.package_spec  # the simulated package's own (its submodules' finder reads it)
 
 
+class _ThenBringUp(importlib.abc.Loader):
+    """A module's own loader, then ``bring_up`` once the module has run."""
+
+    def __init__(self, loader: importlib.abc.Loader, bring_up: Any) -> None:
+        self.loader = loader
+        self.bring_up = bring_up
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.bring_up()
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped loader's resource readers and the like
+        return getattr(self.loader, name)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: the simulated vendor package (``torch_npu``, or ``torch_mlu`` for Camb; up at
     its first import; MACA's device with dlinfer's first import; nothing for ``spec`` None), dlinfer laid out as a
@@ -286,6 +305,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             from .device import _cuda_style
 
             return _cuda_style.find_torch_mlu_spec(self.package, fullname)
+        if fullname == "torch" and self.vendor == "maca" and self.spec is not None and self.problem is None:
+            return self._torch_then_maca()
         if fullname == "dlinfer" and self.problem is None:
             return self._dlinfer_spec()
         if fullname == "dlinfer" and self.vendor == "maca" and self.spec is not None:
@@ -336,6 +357,15 @@ class _Finder(importlib.abc.MetaPathFinder):
         self.package = sys.modules[f"torch.{_cuda_style.MACA_DEVICE}"]
         atexit.register(redirect.restore)
 
+    def _torch_then_maca(self) -> importlib.machinery.ModuleSpec | None:
+        """torch's own spec, whose loading ends by bringing MACA's simulated device up: a MACA torch's ``cuda`` is its
+        device from ``import torch`` on (lmdeploy's workers call ``torch.cuda.set_device`` before anything else)."""
+        spec = importlib.machinery.PathFinder.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenBringUp(spec.loader, self.bring_up_maca)
+        return spec
+
     def _vendor_standin(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
         """A stand-in for a vendor kernel package no CPU build provides (never in front of an installed one)."""
         top = fullname.split(".")[0]
@@ -361,7 +391,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.machinery.PathFinder.find_spec("dlinfer", [str(self.dlinfer_root)])
 
 
-# the package whose import brings each vendor's simulated device up (MACA's comes up with dlinfer)
+# the package whose import brings each vendor's simulated device up (MACA's comes up with torch's)
 VENDOR_PACKAGE = {"ascend": "torch_npu", "camb": "torch_mlu"}
 # the vendor kernel packages served as labelled stand-ins where no real one is installed
 VENDOR_STANDINS = {

@@ -164,18 +164,22 @@ MUTATIONS = (
         "engine: Camb max_kv_seq_len left at the value frozen at capture", "vendors/cuda_style.py",
         'constants={"max_kv_seq_len": _derive_from_tensor, api.max_q_attr: _derive_from_tensor},',
         'constants={api.max_q_attr: _derive_from_tensor},',
-        (f"{ENGINE}[camb]",), needs="camb"),
+        (f"{ENGINE}[camb-basic]",), needs="camb"),
+    # The whole tail left stale is benign inside the engine (a stale row recomputes the K/V its slot already holds:
+    # same token, same position); kv_start_indices' alone is not: the padding row writes the pad token's K/V there.
     Mutation(
-        "engine: MACA padding tail of an earlier larger batch (kv_start_indices among it) not reset",
+        "engine: MACA kv_start_indices padding tail of an earlier larger batch not reset (the only -1 padding)",
         "buffers/fill.py",
-        "                boxes.append((view, pad if pad is not None else pad_one.expand(view.shape)))\n",
-        "                pass\n",
-        (f"{ENGINE}[maca]",), needs="maca"),
+        "        plan = (live if live.numel() else None, _box_views(dst, tuple(extent), st.high_water, st.pad_one, "
+        "st.pad_full))\n",
+        "        plan = (live if live.numel() else None, [] if st.pad == -1 else _box_views(dst, tuple(extent), "
+        "st.high_water, st.pad_one, st.pad_full))\n",
+        (f"{ENGINE}[maca-basic]",), needs="maca"),
     Mutation(
         "engine: dlinfer's cudagraph patch left in force over vendor_graph's buffer methods", "install/patching.py",
         "            setattr(patch.owner, patch.name, patch.ours)",
         "            pass",
-        (f"{ENGINE}[camb]",), needs="camb"),
+        (f"{ENGINE}[camb-basic]",), needs="camb"),
 )
 
 

@@ -151,7 +151,7 @@ CUDA_STYLE_REPORT = {
         import json, os, sys
         before = sorted(m for m in ("torch", "lmdeploy", "vendor_graph_sim.device") if m in sys.modules)
         import torch
-        plain = torch.cuda.is_available()  # nothing of MACA's imported yet
+        plain = not torch.cuda.is_available()  # a MACA torch: cuda is the device from the start
         import dlinfer, dlinfer.vendor, flash_attn
         x = torch.tensor([1, 2], device="cuda")
         print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
@@ -167,7 +167,7 @@ CUDA_STYLE_REPORT = {
                          [("camb", "mlu:0", "MLUGraph"), ("maca", "maca:0", "CUDAGraph")])
 def test_camb_and_maca_switch_bring_their_device_up_as_their_runtime_does(tmp_path, vendor, device, graph):
     """Camb: ``torch_mlu`` is the simulated package, and ``cuda`` means the MLU once its GPU migration is imported
-    (as dlinfer's camb package does); MACA: the device comes up with dlinfer, ``cuda`` meaning it from then on. Each
+    (as dlinfer's camb package does); MACA: the device comes up with torch, ``cuda`` meaning it from then on. Each
     sees dlinfer laid out as its ``DEVICE=<vendor>`` build (vendor.yaml, no other vendor's package) and its vendor
     kernels as labelled stand-ins."""
     source = fake_vendor_dlinfer(tmp_path / "src")
@@ -175,7 +175,7 @@ def test_camb_and_maca_switch_bring_their_device_up_as_their_runtime_does(tmp_pa
                  VENDOR_GRAPH_DLINFER_SRC=str(source))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.splitlines()[-1])
-    assert report["before"] == [] and report["plain_cuda"] is False
+    assert report["before"] == [] and report["plain_cuda"] is False  # camb: before the migration; maca: negated
     assert report["device"] == device and report["is_cuda"] and report["graph"] == graph
     assert report["vendor_yaml"] == boot.VENDOR_YAML[vendor]
     assert report["vendors"] == ["__init__.py", vendor, "vendor.yaml"]
