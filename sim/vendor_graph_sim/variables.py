@@ -24,7 +24,7 @@ class SimulatedDevice(TorchNpuRelease):
     def accepted(self) -> str:
         return f"{' or '.join(self.VENDORS)}, or {super().accepted}"
 
-    advice = "name camb or maca, a generation such as G5, or a release that `vendor-graph paths` lists"
+    advice = "name a generation such as G5, a release that `vendor-graph paths` lists, or camb or maca"
 
     def parse(self, text: str) -> str:
         if text.lower() in self.VENDORS:
