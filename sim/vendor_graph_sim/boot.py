@@ -281,8 +281,8 @@ class _ThenBringUp(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: the simulated vendor package (``torch_npu``, or ``torch_mlu`` for Camb; up at
-    its first import; MACA's device with dlinfer's first import; nothing for ``spec`` None), dlinfer laid out as a
-    build for the vendor lays it out, the stand-ins."""
+    its first import; MACA's device with torch's import; nothing for ``spec`` None), dlinfer laid out as a build for
+    the vendor lays it out, the stand-ins."""
 
     def __init__(self, spec: str | None, problem: str | None, vendor: str | None = None) -> None:
         self.spec = spec

@@ -284,15 +284,15 @@ class _Device:
         return SIMULATED_DEVICE[self.vendor]
 
 
-def _device(args: argparse.Namespace, what: str) -> _Device:
+def _device(args: argparse.Namespace, what: str, instead: str) -> _Device:
     """The simulated device of ``args.vendor``; refused where that vendor's real runtime is installed (the simulator
-    never runs beside it)."""
+    never runs beside it), naming what to run ``instead``."""
     runtime = REAL_RUNTIME[args.vendor]
     real = importlib.machinery.PathFinder.find_spec(runtime)
     if real is not None:
         raise UsageError(f"a real {runtime} is installed ({real.origin}): the {what} serves lmdeploy on "
                          f"{SIMULATED_DEVICE[args.vendor]}, which never runs beside a real one; on this machine run "
-                         f"lmdeploy itself after import vendor_graph.{args.vendor}, or vendor-graph demo --model tiny")
+                         f"{instead}")
     if args.vendor != "ascend":
         return _Device(args.vendor, args.vendor, None, None)
     release, generation = _simulated_torch_npu(args.generation)
@@ -451,7 +451,8 @@ def _engine_demo(args: argparse.Namespace, model: str) -> int:
     """lmdeploy's pipeline on the vendor's simulated device, graph mode (vendor_graph.<vendor>) against
     eager_mode=True."""
     start = time.perf_counter()
-    device = _device(args, "engine demo")
+    device = _device(args, "engine demo", f"lmdeploy itself after import vendor_graph.{args.vendor}, or "
+                     f"vendor-graph demo --model tiny")
     source = _dlinfer_source()
     from vendor_graph.upstream import compat
 
@@ -599,7 +600,8 @@ def _serve_demo(args: argparse.Namespace, model: str) -> int:
     from . import serve
 
     start = time.perf_counter()
-    device = _device(args, "server demo")
+    device = _device(args, "server demo", f"vendor-graph run --vendor {args.vendor} -- lmdeploy serve api_server "
+                     f"<model> --device {args.vendor}")
     vendor = device.vendor
     source = _dlinfer_source()
     from vendor_graph.upstream import compat

@@ -161,3 +161,13 @@ def test_model_tiny_is_the_tiny_decoders_demo_unchanged(tmp_path):
     assert "Parity with eager over 4 steps (hidden states bitwise" in proc.stdout and ": PASS" in proc.stdout
     record = json.loads(path.read_text())
     assert set(record) == TINY_FIELDS | {"engine"} and record["engine"] is False and record["model"] == "tiny"
+
+
+def test_beside_a_real_runtime_the_server_demo_names_the_server_command(tmp_path):
+    (tmp_path / "torch_mlu").mkdir()
+    (tmp_path / "torch_mlu" / "__init__.py").write_text("raise ImportError('the real torch_mlu was imported')\n")
+    env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = _cli("--vendor", "camb", "--serve", env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.endswith("on this machine run vendor-graph run --vendor camb -- lmdeploy serve api_server "
+                                "<model> --device camb\n"), proc.stderr

@@ -31,7 +31,8 @@ device properties       ``get_device_properties(0)``: name, 64 GiB, ``major``/``
                         flash_mla
 ======================  ===================================================================================
 
-Memory: the simulated device reports :data:`FREE_BYTES` free of :data:`TOTAL_BYTES`, as the NPU does.
+Memory: ``mem_get_info`` is the simulated NPU's (its free memory), ``get_device_properties`` reports
+:data:`TOTAL_BYTES`.
 """
 
 from __future__ import annotations
@@ -131,8 +132,6 @@ def _as_torch_attribute(module: types.ModuleType, device: str) -> None:
 def find_torch_mlu_spec(package: types.ModuleType, fullname: str) -> importlib.machinery.ModuleSpec | None:
     """The spec of a simulated ``torch_mlu`` submodule, or None."""
     return package.__sim_specs__.get(fullname)
-
-
 
 
 def _mlu_as_cuda(device: object) -> object:
