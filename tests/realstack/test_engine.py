@@ -133,7 +133,7 @@ CUDA_STYLE = [v for v in ("camb", "maca") if RELEASE in compat.SUPPORTED_SERIES[
               and REAL_DEVICE in (None, v)]
 # What the engine needs bridged there: lmdeploy 0.18's prefill call, which no dlinfer takes (breakage 2).
 CUDA_STYLE_BRIDGES = {"0.16": [], "0.17": [], "0.18": ["prefill-attention"]}
-# Per release, Llama with a fixed cache ("basic": the mutation checks' guard, about 25 s); on the newest release also
+# Per release, Llama with a fixed cache ("basic": the mutation checks' guard, about 10 s); on the newest release also
 # prefix caching over a cache sized from free memory, a Mixtral (a routed MoE in each layer) and, on MACA, DeepSeek-V2
 # MLA with prompts of one length (dlinfer's MACA MLA prefill views a batch as (batch, seq, heads, dim); dlinfer's Camb
 # decode cannot take MLA at all: the last test).
@@ -177,7 +177,7 @@ def test_engine_serves_camb_and_maca_the_same_tokens_in_graph_mode_as_eager(tmp_
 
 @pytest.mark.skipif(FULL not in GENERATIONS or "camb" not in CUDA_STYLE or RELEASE != NEWEST,
                     reason=f"runs in the part of the newest release's leg that runs {FULL}")
-def test_engine_camb_mla_fails_in_dlinfers_decode_eager_too(tmp_path, dlinfer_available):
+def test_engine_serves_no_camb_mla_as_dlinfers_decode_fails_it_eager_too(tmp_path, dlinfer_available):
     """Breakage 8: dlinfer's camb ``paged_decode_attention`` views its output with the query's head size, which MLA's
     value head size is not: the first decode raises in eager mode already (not vendor_graph's doing). When dlinfer
     fixes it this fails, and MLA joins the Camb test above."""
