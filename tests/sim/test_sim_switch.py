@@ -132,6 +132,14 @@ def fake_vendor_dlinfer(root: Path) -> Path:
     return root
 
 
+# Each vendor's way up to the device, then one report (``standin``: the vendor kernel package it imported).
+_CUDA_STYLE_REPORT_TAIL = """
+        print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
+                          "graph": torch.cuda.CUDAGraph.__name__, "name": torch.cuda.get_device_name(),
+                          "vendor_yaml": dlinfer.vendor.VENDOR,
+                          "vendors": sorted(os.listdir(os.path.dirname(dlinfer.vendor.__file__))),
+                          "standin": getattr(standin, "__vendor_graph_test_standin__", None)}))
+"""
 CUDA_STYLE_REPORT = {
     "camb": """
         import json, os, sys
@@ -140,26 +148,16 @@ CUDA_STYLE_REPORT = {
         plain = torch.cuda.is_available()  # torch_mlu imported, its GPU migration not yet
         from torch_mlu.utils.gpu_migration import migration
         x = torch.tensor([1, 2], device="cuda")
-        import dlinfer, dlinfer.vendor, torch_mlu_ops
-        print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
-                          "graph": torch.cuda.CUDAGraph.__name__, "name": torch.cuda.get_device_name(),
-                          "vendor_yaml": dlinfer.vendor.VENDOR,
-                          "vendors": sorted(os.listdir(os.path.dirname(dlinfer.vendor.__file__))),
-                          "standin": getattr(torch_mlu_ops, "__vendor_graph_test_standin__", None)}))
-    """,
+        import dlinfer, dlinfer.vendor, torch_mlu_ops as standin
+""" + _CUDA_STYLE_REPORT_TAIL,
     "maca": """
         import json, os, sys
         before = sorted(m for m in ("torch", "lmdeploy", "vendor_graph_sim.device") if m in sys.modules)
         import torch
         plain = not torch.cuda.is_available()  # a MACA torch: cuda is the device from the start
-        import dlinfer, dlinfer.vendor, flash_attn
+        import dlinfer, dlinfer.vendor, flash_attn as standin
         x = torch.tensor([1, 2], device="cuda")
-        print(json.dumps({"before": before, "plain_cuda": plain, "device": str(x.device), "is_cuda": x.is_cuda,
-                          "graph": torch.cuda.CUDAGraph.__name__, "name": torch.cuda.get_device_name(),
-                          "vendor_yaml": dlinfer.vendor.VENDOR,
-                          "vendors": sorted(os.listdir(os.path.dirname(dlinfer.vendor.__file__))),
-                          "standin": getattr(flash_attn, "__vendor_graph_test_standin__", None)}))
-    """,
+""" + _CUDA_STYLE_REPORT_TAIL,
 }
 
 
